@@ -1,0 +1,59 @@
+"""Helpers shared by the CLI commands: one-line errors, exit codes, output."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from ..errors import EXIT_INVALID, Kk3Error
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def die(message: str, code: int) -> NoReturn:
+    """Print ``kk3evidence: error: MESSAGE`` on stderr (one line) and exit with ``code``."""
+    click.echo(f"kk3evidence: error: {' '.join(str(message).split())}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(func: F) -> F:
+    """Turn any :class:`Kk3Error` into its one-line message and exit code; never a traceback.
+
+    An unexpected exception is a bug: one line naming it, exit 4, and the traceback only when
+    ``KK3_DEBUG=1`` is set.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except Kk3Error as err:
+            die(err.message, err.exit_code)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            die("interrupted", 130)
+        except BrokenPipeError:
+            # Output closed early (e.g. piped into head): not an error of ours.
+            sys.stderr.close()
+            sys.exit(0)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence
+            if os.environ.get("KK3_DEBUG") == "1":
+                raise
+            die(
+                f"internal error ({type(exc).__name__}: {exc}); "
+                "rerun with KK3_DEBUG=1 for a traceback and report it",
+                EXIT_INVALID,
+            )
+
+    return wrapper  # type: ignore[return-value]
+
+
+def echo_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False))

@@ -1,0 +1,164 @@
+"""Vocabulary and the small frozen records shared by every module.
+
+The stage and category strings are a contract (SPEC §2): other tools and our checks depend on
+these exact values. Records are frozen, slotted dataclasses; ``to_json()`` gives the SPEC §4 shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# Stages in the seed's diagnostic order (not a time order), plus serving.
+STAGES: tuple[str, ...] = (
+    "container_init",
+    "device_discovery",
+    "weights_access",
+    "engine_init",
+    "comm_group",
+    "api_ready",
+    "serving",
+)
+
+CATEGORIES: tuple[str, ...] = (
+    "cuda_init",
+    "driver_mismatch",
+    "nccl",
+    "oom",
+    "kv_cache",
+    "prefix_cache",
+    "weights",
+    "config",
+    "port",
+    "compile",
+    "illegal_memory",
+    "other",
+)
+
+SEVERITIES: tuple[str, ...] = ("fatal", "error", "warning", "info")
+RULE_STATUSES: tuple[str, ...] = ("experimental", "stable", "deprecated")
+
+Stage = str
+Category = str
+StageStatus = Literal["completed", "failed", "started"]
+
+ANALYSIS_SCHEMA = "kk3evidence/analysis/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One classified log line.
+
+    ``kind`` is ``"failure"`` for a line that states a failure, ``"milestone"`` for a healthy
+    progress line, ``"consequence"`` for a line that only reports an earlier failure.
+    """
+
+    line_no: int
+    rule: str
+    stage: Stage
+    category: Category | None
+    kind: Literal["failure", "milestone", "consequence"]
+    text: str
+    process: str | None = None
+    severity: str = "error"
+    caused_by: int | None = None  # line_no of the failure this consequence reports
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "line_no": self.line_no,
+            "rule": self.rule,
+            "stage": self.stage,
+            "category": self.category,
+            "kind": self.kind,
+            "severity": self.severity,
+            "text": self.text,
+            "process": self.process,
+            "caused_by": self.caused_by,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpan:
+    stage: Stage
+    status: StageStatus
+    first_line: int
+    last_line: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "status": self.status,
+            "first_line": self.first_line,
+            "last_line": self.last_line,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """The result of analysing one log (SPEC §4)."""
+
+    source: str
+    lines_total: int
+    last_stage_reached: Stage | None
+    stages: tuple[StageSpan, ...]
+    first_failure: Finding | None
+    consequences: tuple[Finding, ...]
+    findings: tuple[Finding, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.first_failure is not None
+
+    def to_json(self) -> dict[str, Any]:
+        ff = self.first_failure
+        return {
+            "schema": ANALYSIS_SCHEMA,
+            "source": self.source,
+            "lines_total": self.lines_total,
+            "last_stage_reached": self.last_stage_reached,
+            "stages": [s.to_json() for s in self.stages],
+            "first_failure": None
+            if ff is None
+            else {
+                "stage": ff.stage,
+                "category": ff.category,
+                "rule": ff.rule,
+                "line_no": ff.line_no,
+                "text": ff.text,
+                "process": ff.process,
+            },
+            "consequences": [
+                {"line_no": c.line_no, "rule": c.rule, "text": c.text} for c in self.consequences
+            ],
+            "findings": [f.to_json() for f in self.findings],
+            **({"extra": self.extra} if self.extra else {}),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One validation problem: where it is and what is wrong (jsonschema-style, located)."""
+
+    code: str  # stable short id, e.g. "path-traversal", "sha256-mismatch", "schema"
+    message: str  # one line, says what to do next where it can
+    member: str | None = None  # bundle member, e.g. "fingerprint.json"
+    json_path: str | None = None  # e.g. "$.gpus[0].uuid"
+    expected: str | None = None
+    actual: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "message": self.message,
+            "member": self.member,
+            "json_path": self.json_path,
+            "expected": self.expected,
+            "actual": self.actual,
+        }
+
+    def __str__(self) -> str:
+        where = self.member or "bundle"
+        if self.json_path:
+            where += f" {self.json_path}"
+        return f"{where}: {self.message}"
