@@ -1,0 +1,59 @@
+"""``kk3evidence check BUNDLE``: official compatibility boundaries, pass / fail / unknown."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from kk3evidence.compat import CheckResult, check
+
+from ._common import echo_json, handle_errors
+
+_MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "????"}
+
+
+def _human(result: CheckResult) -> str:
+    head = f"{result.source}: "
+    if result.recipe:
+        head += f"recipe {result.recipe}" + (" (picked from the served model)"
+                                              if result.recipe_auto else "")
+    else:
+        head += "generic rules only (no --recipe given and none matches the model)"
+    lines = [head, ""]
+    for r in result.results:
+        level = "" if r.rule.level == "error" else " (warning)"
+        lines.append(f"{_MARK[r.status]} {r.rule.id} {r.rule.name}{level}: {r.reason}")
+        for e in r.evidence:
+            lines.append(f"       evidence: {e}")
+        if r.status == "fail":
+            lines.append(f"       next: {r.rule.next_steps}")
+        lines.append(f"       source: {r.rule.source} ({r.rule.source_date})")
+    c = result.counts()
+    lines.append("")
+    failed = [f"{r.rule.id} {r.rule.name}" for r in result.failed if r.rule.level == "error"]
+    verdict = "outside the compatibility boundaries: " + "; ".join(failed) if failed else (
+        "within the boundaries that could be checked")
+    lines.append(f"{c['pass']} pass, {c['fail']} fail, {c['unknown']} unknown - {verdict}")
+    return "\n".join(lines)
+
+
+@click.command(name="check")
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--recipe", metavar="NAME",
+              help="Also apply a recipe's boundaries (e.g. kimi-k3). Default: picked from the "
+                   "served model when one matches.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@handle_errors
+def command(bundle: str, recipe: str | None, as_json: bool) -> None:
+    """Check BUNDLE against compatibility rules kept as data (rules/compat/*.toml).
+
+    Every rule ends pass, fail or unknown with the evidence it used and its source URL and
+    date. Exit 0 when no error-level rule fails, 6 when one does.
+    """
+    result = check(bundle, recipe)
+    if as_json:
+        echo_json(result.to_json())
+    else:
+        click.echo(_human(result))
+    sys.exit(result.exit_code)
