@@ -1,0 +1,436 @@
+"""Redaction of secrets at capture time (SPEC §3), with consistent placeholders.
+
+One :class:`Redactor` per bundle. Every secret value gets one placeholder for the whole bundle,
+``<redacted:LABEL#N>`` (``LABEL`` is where it was first seen: the env name, the flag, the header
+or the pattern kind; ``N`` counts secrets in this bundle), so two bundles stay diff-able and a
+value seen in the environment, in argv and in the log text reads the same everywhere. With a
+per-user key (:meth:`Redactor.with_user_key`) the placeholder also carries a short HMAC tag
+(``<redacted:HF_TOKEN#1:3f9c0a2b1d4e>``), equal across bundles of the same user for the same
+secret; it is never a plain hash of the secret.
+
+What is redacted:
+
+* environment: values of secret-looking names (``*_TOKEN``, ``*_KEY``, ``*_SECRET``,
+  ``*PASSWORD*``, ``*_CREDENTIALS``, ``HF_TOKEN``, ``VLLM_API_KEY``, …); under any other name,
+  secret-looking parts of the value (the text patterns below);
+* argv: values of ``--api-key``, ``--hf-token``, ``--token``, ``--password`` and any flag
+  ending in ``-key``/``-token``/``-secret``/``-password`` (``--flag X`` and ``--flag=X``),
+  ``-H``/``--header`` values with a secret header, ``NAME=value`` words with a secret name,
+  passwords in URLs (``scheme://user:pass@host``);
+* headers: ``Authorization`` (the scheme word such as ``Bearer`` is kept), ``Proxy-Authorization``,
+  ``Cookie``, ``X-Api-Key`` and names containing token/secret/key/password;
+* text (logs, one line at a time, as bytes): ``hf_…``, ``sk-…``, ``gh?_…`` tokens, JWTs, AWS
+  access key ids and secret keys, ``Bearer <token>``, ``Authorization: …``,
+  ``password=…``/``api_key: …``-style assignments, URL passwords, and every value already known
+  to be secret (from env/argv/headers) wherever it appears.
+
+Only the secret bytes change: everything else in a line (invalid UTF-8, ``\\r``, ANSI codes,
+NUL) is kept byte for byte. :meth:`Redactor.records` lists each placeholder, its kind and
+where it was found, for the manifest; never the value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, overload
+
+__all__ = [
+    "KEY_FILE_ENV",
+    "Redactor",
+    "is_secret_flag",
+    "is_secret_header",
+    "is_secret_name",
+]
+
+KEY_FILE_ENV = "KK3EVIDENCE_REDACT_KEY_FILE"
+_DEFAULT_KEY_FILE = Path("~/.config/kk3evidence/redact.key")
+
+# --- what looks secret ----------------------------------------------------------------------
+
+_SECRET_NAME_SUFFIX = re.compile(
+    r"(?:^|_)(?:TOKEN|TOKENS|KEY|KEYS|KEY_ID|SECRET|SECRETS|PASSWORD|PASSWD|PASS|PASSPHRASE"
+    r"|CREDENTIAL|CREDENTIALS|APIKEY|AUTH|COOKIE)$",
+    re.IGNORECASE,
+)
+_SECRET_NAME_ANY = re.compile(r"PASSWORD|PASSWD|SECRET|PRIVATE_KEY|API_KEY|APIKEY", re.IGNORECASE)
+_SECRET_NAMES_EXACT = frozenset(
+    {
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HUGGINGFACE_TOKEN",
+        "VLLM_API_KEY",
+        "OPENAI_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+        "WANDB_API_KEY",
+        "GITHUB_TOKEN",
+        "GH_TOKEN",
+        "NGC_API_KEY",
+        "ANTHROPIC_API_KEY",
+    }
+)
+_NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD", "TOKENIZERS_PARALLELISM", "KEYTIMEOUT"})
+
+_SECRET_FLAG = re.compile(
+    r"^--?[A-Za-z0-9_-]*?(?:api[-_]?key|apikey|token|secret|password|passwd|passphrase"
+    r"|credentials?|private[-_]key|access[-_]key)$",
+    re.IGNORECASE,
+)
+_HEADER_FLAGS = frozenset({"-H", "--header", "--headers", "--http-header"})
+
+_SECRET_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "set-cookie",
+        "x-api-key",
+        "api-key",
+        "x-auth-token",
+        "x-access-token",
+    }
+)
+_SECRET_HEADER_ANY = re.compile(r"token|secret|api[-_]?key|password|passwd|auth", re.IGNORECASE)
+_AUTH_SCHEME = re.compile(r"^\s*(Bearer|Basic|Token|Digest|Negotiate|ApiKey)\s+", re.IGNORECASE)
+
+# Values that are never treated as secrets even under a secret name (flags, not credentials).
+_TRIVIAL_VALUES = frozenset({"", "0", "1", "true", "false", "yes", "no", "none", "null"})
+
+
+def is_secret_name(name: str) -> bool:
+    """True if an environment variable (or JSON key) named ``name`` holds a secret."""
+    upper = name.upper()
+    if upper in _NOT_SECRET_NAMES:
+        return False
+    return (
+        upper in _SECRET_NAMES_EXACT
+        or _SECRET_NAME_SUFFIX.search(upper) is not None
+        or _SECRET_NAME_ANY.search(upper) is not None
+    )
+
+
+def is_secret_flag(flag: str) -> bool:
+    """True if command-line option ``flag`` (``--api-key``) takes a secret value."""
+    return _SECRET_FLAG.match(flag) is not None
+
+
+def is_secret_header(name: str) -> bool:
+    """True if HTTP header ``name`` carries a credential."""
+    low = name.strip().lower()
+    return low in _SECRET_HEADERS or _SECRET_HEADER_ANY.search(low) is not None
+
+
+# --- text patterns (bytes, so non-UTF-8 input is kept intact) --------------------------------
+# Each pattern: (kind, regex). If the regex has a group named "v", only that part is secret.
+_V = "(?P<v>{})"
+_PATTERNS: list[tuple[str, bytes]] = [
+    ("hf_token", rb"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}"),
+    ("openai_key", rb"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{20,}"),
+    ("github_token", rb"(?<![A-Za-z0-9])(?:gh[pousr]|github_pat)_[A-Za-z0-9_]{30,}"),
+    ("jwt", rb"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),
+    ("aws_access_key_id", rb"(?<![A-Z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])"),
+    (
+        "aws_secret_access_key",
+        rb"(?i:aws_secret_access_key|aws_secret_key|secret_access_key|SecretAccessKey)"
+        rb"[\"']?\s*[:=]\s*[\"']?(?P<v>[A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])",
+    ),
+    (
+        "authorization",
+        rb"(?i:(?<![A-Za-z0-9])(?:proxy-)?authorization)[\"']?\s*[:=]\s*[\"']?"
+        rb"(?:(?i:bearer|basic|token|digest|apikey)\s+)?"
+        rb"(?P<v>(?!(?i:bearer|basic|token|digest|apikey)(?:\s|$))[^\s\"',;<>]{6,})",
+    ),
+    ("bearer", rb"(?i:(?<![A-Za-z0-9])bearer)\s+(?P<v>[A-Za-z0-9._~+/=-]{8,})"),
+    (
+        "url_password",
+        rb"(?i:(?<![A-Za-z0-9+.-])[a-z][a-z0-9+.-]{1,20})://[^/\s:@\"'<>]{1,256}:"
+        rb"(?P<v>[^/\s@\"'<>]{1,256})@",
+    ),
+    (
+        "secret_flag",
+        rb"(?i:--(?:api-key|hf-token|token|password|passwd|secret|access-token|auth-token))"
+        rb"(?:\s+|=)[\"']?(?P<v>[^\s\"'<>-][^\s\"'<>]*)",
+    ),
+    (
+        "secret_assignment",
+        rb"(?i:(?<![A-Za-z0-9])(?:[a-z0-9]+[_-])*(?:password|passwd|pwd|secret|api[_-]?key|apikey"
+        rb"|access[_-]?token|auth[_-]?token|hf[_-]?token|api[_-]?token|refresh[_-]?token"
+        rb"|session[_-]?token|client[_-]?secret|private[_-]?key))[\"']?\s*[:=]\s*[\[(]?\s*"
+        rb"[\"']?(?P<v>[^\s\"',;<>\])}]{6,})",
+    ),
+]
+_NOT_A_SECRET = re.compile(rb"^(?i:none|null|true|false|\*+|x+|redacted|unset|hidden)$")
+_LABEL_OK = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(slots=True)
+class _Record:
+    placeholder: str
+    kind: str
+    where: set[str] = field(default_factory=set)
+    count: int = 0
+
+
+def _load_user_key(path: str | os.PathLike[str] | None) -> bytes | None:
+    candidate = Path(path) if path is not None else None
+    if candidate is None:
+        env = os.environ.get(KEY_FILE_ENV)
+        candidate = Path(env) if env else _DEFAULT_KEY_FILE.expanduser()
+    try:
+        if candidate.is_file() and candidate.stat().st_size <= 4096:
+            key = candidate.read_bytes().strip()
+            return key or None
+    except OSError:
+        return None
+    return None
+
+
+class Redactor:
+    """Redacts secrets for one bundle, with the same placeholder for the same secret.
+
+    Call :meth:`env`, :meth:`argv` and :meth:`headers` first (they learn the secret values),
+    then :meth:`text` once per log line (bytes or str). :meth:`records` gives the manifest's
+    ``redactions`` list.
+    """
+
+    def __init__(self, *, key: bytes | None = None, min_known_length: int = 6) -> None:
+        self._key = key
+        self._min_known = min_known_length
+        self._by_value: dict[bytes, str] = {}
+        self._records: dict[str, _Record] = {}
+        self._n = 0
+        self._compiled: re.Pattern[bytes] | None = None
+        self._kinds: dict[str, str] = {}
+
+    @classmethod
+    def with_user_key(cls, path: str | os.PathLike[str] | None = None) -> Redactor:
+        """A Redactor tagging placeholders with an HMAC from the user's key file, if present.
+
+        The key file is ``$KK3EVIDENCE_REDACT_KEY_FILE`` or ``~/.config/kk3evidence/redact.key``;
+        without one, placeholders carry no tag.
+        """
+        return cls(key=_load_user_key(path))
+
+    # placeholders ----------------------------------------------------------------------
+    def _placeholder(self, value: bytes, label: str, where: str) -> str:
+        ph = self._by_value.get(value)
+        if ph is None:
+            self._n += 1
+            clean = _LABEL_OK.sub("_", label).strip("_") or "secret"
+            tag = ""
+            if self._key is not None:
+                tag = ":" + hmac.new(self._key, value, hashlib.sha256).hexdigest()[:12]
+            ph = f"<redacted:{clean[:48]}#{self._n}{tag}>"
+            self._by_value[value] = ph
+            self._records[ph] = _Record(ph, label)
+            if len(value) >= self._min_known and value.lower() not in _TRIVIAL_BYTES:
+                self._compiled = None  # learn it: it is now searched for in text
+        rec = self._records[ph]
+        rec.where.add(where)
+        rec.count += 1
+        return ph
+
+    def add_known(self, value: str | bytes, label: str = "secret", *, where: str = "known") -> str:
+        """Declare ``value`` secret (found elsewhere); returns its placeholder."""
+        raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+        return self._placeholder(raw, label, where)
+
+    def placeholder_for(self, value: str | bytes) -> str | None:
+        """The placeholder already given to ``value``, if any."""
+        raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+        return self._by_value.get(raw)
+
+    def records(self) -> list[dict[str, Any]]:
+        """``[{placeholder, kind, where, count}]`` in placeholder order; never the value."""
+        return [
+            {
+                "placeholder": r.placeholder,
+                "kind": r.kind,
+                "where": sorted(r.where),
+                "count": r.count,
+            }
+            for r in self._records.values()
+        ]
+
+    # structured inputs -----------------------------------------------------------------
+    def value(self, value: str, label: str, *, where: str) -> str:
+        """Redact a whole value known to be secret (empty/trivial values are kept)."""
+        if value.strip().lower() in _TRIVIAL_VALUES:
+            return value
+        return self.add_known(value, label, where=where)
+
+    def env(self, env: Mapping[str, str], *, where: str = "env") -> dict[str, str]:
+        """A copy of ``env`` with secret values replaced (names are kept)."""
+        out: dict[str, str] = {}
+        for name, value in env.items():
+            if is_secret_name(name):
+                out[name] = self.value(value, name, where=f"{where}:{name}")
+        for name, value in env.items():
+            if name not in out:
+                out[name] = self.text(value, where=f"{where}:{name}")
+        return {name: out[name] for name in env}
+
+    def argv(self, argv: Sequence[str], *, where: str = "argv") -> list[str]:
+        """A copy of ``argv`` with secret option values replaced; other words kept as given."""
+        out = list(argv)
+        i = 0
+        while i < len(out):
+            word = out[i]
+            here = f"{where}[{i}]"
+            if word.startswith("-") and "=" in word:
+                flag, _, val = word.partition("=")
+                if is_secret_flag(flag):
+                    out[i] = f"{flag}={self.value(val, flag.lstrip('-'), where=here)}"
+                elif flag in _HEADER_FLAGS:
+                    out[i] = f"{flag}={self._header_line(val, here)}"
+            elif is_secret_flag(word) and i + 1 < len(out) and not out[i + 1].startswith("--"):
+                out[i + 1] = self.value(out[i + 1], word.lstrip("-"), where=f"{where}[{i + 1}]")
+                i += 1
+            elif word in _HEADER_FLAGS and i + 1 < len(out):
+                out[i + 1] = self._header_line(out[i + 1], f"{where}[{i + 1}]")
+                i += 1
+            elif not word.startswith("-") and "=" in word:
+                name, _, val = word.partition("=")
+                if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and is_secret_name(name):
+                    out[i] = f"{name}={self.value(val, name, where=here)}"
+            i += 1
+        # Second pass: patterns and every secret learned above, anywhere in any word.
+        return [self.text(w, where=f"{where}[{j}]") for j, w in enumerate(out)]
+
+    def _header_line(self, line: str, where: str) -> str:
+        name, sep, val = line.partition(":")
+        if not sep or not is_secret_header(name):
+            return line
+        return f"{name}{sep}{self._header_value(name.strip(), val, where)}"
+
+    def _header_value(self, name: str, value: str, where: str) -> str:
+        lead = value[: len(value) - len(value.lstrip())]
+        body = value.strip()
+        m = _AUTH_SCHEME.match(body)
+        if m is not None and name.lower().endswith("authorization"):
+            return f"{lead}{m.group(0)}{self.value(body[m.end() :], name, where=where)}"
+        return f"{lead}{self.value(body, name, where=where)}"
+
+    @overload
+    def headers(self, headers: Mapping[str, str], *, where: str = ...) -> dict[str, str]: ...
+    @overload
+    def headers(
+        self, headers: Iterable[tuple[str, str]], *, where: str = ...
+    ) -> list[tuple[str, str]]: ...
+    def headers(
+        self, headers: Mapping[str, str] | Iterable[tuple[str, str]], *, where: str = "headers"
+    ) -> dict[str, str] | list[tuple[str, str]]:
+        """A copy of HTTP headers (a mapping or name/value pairs) with credentials replaced."""
+        pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+        out: list[tuple[str, str]] = []
+        for name, value in pairs:
+            here = f"{where}:{name}"
+            if is_secret_header(name):
+                out.append((name, self._header_value(name, value, here)))
+            else:
+                out.append((name, self.text(value, where=here)))
+        return dict(out) if isinstance(headers, Mapping) else out
+
+    def json(self, obj: Any, *, where: str = "json") -> Any:
+        """A copy of a JSON value: values under secret-looking keys and secret text replaced."""
+        if isinstance(obj, dict):
+            res: dict[str, Any] = {}
+            for k, v in obj.items():
+                here = f"{where}.{k}"
+                if isinstance(v, str) and is_secret_name(str(k)):
+                    res[k] = self.value(v, str(k), where=here)
+                else:
+                    res[k] = self.json(v, where=here)
+            return res
+        if isinstance(obj, list):
+            return [self.json(v, where=f"{where}[{i}]") for i, v in enumerate(obj)]
+        if isinstance(obj, str):
+            return self.text(obj, where=where)
+        return obj
+
+    # text ------------------------------------------------------------------------------
+    def _regex(self) -> re.Pattern[bytes]:
+        if self._compiled is None:
+            parts: list[bytes] = []
+            known = sorted(
+                (
+                    v
+                    for v in self._by_value
+                    if len(v) >= self._min_known and v.lower() not in _TRIVIAL_BYTES
+                ),
+                key=lambda v: (-len(v), v),
+            )
+            if known:
+                parts.append(b"(?P<known>" + b"|".join(re.escape(v) for v in known) + b")")
+            self._kinds = {}
+            for i, (kind, pattern) in enumerate(_PATTERNS):
+                group = f"p{i}"
+                self._kinds[group] = kind
+                parts.append(
+                    b"(?P<"
+                    + group.encode()
+                    + b">"
+                    + pattern.replace(b"(?P<v>", f"(?P<v{i}>".encode())
+                    + b")"
+                )
+            self._compiled = re.compile(b"|".join(parts))
+        return self._compiled
+
+    @overload
+    def text(self, data: bytes, *, where: str = ...) -> bytes: ...
+    @overload
+    def text(self, data: str, *, where: str = ...) -> str: ...
+    def text(self, data: bytes | str, *, where: str = "text") -> bytes | str:
+        """Redact secrets in one line (or a chunk that ends at a line boundary).
+
+        Bytes in, bytes out; str in, str out. Only the secret bytes change.
+        """
+        if isinstance(data, str):
+            raw = data.encode("utf-8", "surrogateescape")
+            return self._text(raw, where).decode("utf-8", "surrogateescape")
+        return self._text(bytes(data), where)
+
+    def text_lines(self, lines: Iterable[bytes], *, where: str = "text") -> Iterator[bytes]:
+        """Redact an iterable of lines lazily (streaming)."""
+        for line in lines:
+            yield self._text(line, where)
+
+    def _text(self, raw: bytes, where: str) -> bytes:
+        if not raw:
+            return raw
+        regex = self._regex()
+
+        def replace(m: re.Match[bytes]) -> bytes:
+            group = m.lastgroup or ""
+            if group == "known":
+                value = m.group(0)
+                ph = self._by_value[value]
+                rec = self._records[ph]
+                rec.where.add(where)
+                rec.count += 1
+                return ph.encode()
+            kind = self._kinds.get(group, "secret")
+            idx = group[1:]
+            try:
+                start, end = m.span(f"v{idx}")
+            except IndexError:
+                start, end = m.span(group)
+            if start < 0:
+                start, end = m.span(group)
+            secret = raw[start:end]
+            if _NOT_A_SECRET.match(secret) or secret.startswith(b"<redacted:"):
+                return m.group(0)
+            marker = self._placeholder(secret, kind, where).encode()
+            return raw[m.start(0) : start] + marker + raw[end : m.end(0)]
+
+        return regex.sub(replace, raw)
+
+
+_TRIVIAL_BYTES = frozenset(v.encode() for v in _TRIVIAL_VALUES)
