@@ -1,0 +1,313 @@
+"""Live pass-through of a child's stdout/stderr, and the line log written beside it.
+
+Two pieces, so that disk never slows the child:
+
+* :class:`Pump` (one thread) reads both pipes with ``os.read`` as soon as data is there, stamps
+  each chunk with its receive time (wall and monotonic, ns), writes it unchanged to our own
+  stdout/stderr, and hands it to the recorder. It never touches the disk.
+* :class:`LineRecorder` (one thread) receives chunks through a queue bounded in bytes, joins
+  them into whole lines per stream (a partial line waits for its newline; more than
+  ``MAX_PARTIAL`` bytes without one is written as it is), optionally redacts them, and appends
+  them to ``logs/combined.log`` with one ``lines.tsv`` row per line. When the queue is full or a
+  write fails, the data is dropped *from the log only* and counted in :attr:`LineRecorder.losses`;
+  the pass-through goes on.
+
+A line's receive time is the time the chunk holding its newline arrived.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import fcntl
+import os
+import selectors
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from itertools import accumulate, islice, repeat
+from operator import add
+from typing import BinaryIO, Protocol
+
+#: a partial line longer than this (no newline yet) is written as it is
+MAX_PARTIAL = 64 * 1024
+#: bytes waiting for the log writer before new chunks are dropped from the log
+DEFAULT_QUEUE_BYTES = 48 * 1024 * 1024
+READ_SIZE = 1024 * 1024
+INDEX_HEADER = b"offset\tstream\twall_ns\tmono_ns\n"
+_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (not exported before Python 3.10 on every build)
+
+STREAMS = ("out", "err")
+
+
+class Writable(Protocol):
+    def write(self, data: bytes, /) -> object: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """Log data that could not be written (the pass-through still got it)."""
+
+    member: str
+    reason: str
+    bytes: int
+    lines: int
+    first_at_ns: int
+
+    def to_json(self) -> dict[str, object]:
+        at = datetime.fromtimestamp(self.first_at_ns / 1e9, UTC).isoformat()
+        return {
+            "member": self.member,
+            "reason": self.reason,
+            "bytes": self.bytes,
+            "lines": self.lines,
+            "at": at,
+        }
+
+
+def enlarge_pipe(fd: int, size: int = READ_SIZE) -> None:
+    """Best effort: a bigger pipe buffer lets a bursty child run on while we are scheduled out."""
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", _F_SETPIPE_SZ), size)
+
+
+def fd_writer(fd: int) -> Callable[[bytes], None]:
+    """A pass-through sink writing all of ``data`` to ``fd`` (blocking, like ``tee``)."""
+
+    def write(data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(fd, view)
+            except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+                continue
+            view = view[n:]
+
+    return write
+
+
+class LineRecorder:
+    """Writes whole lines to the log and their receive times to the index (own thread)."""
+
+    def __init__(
+        self,
+        log: BinaryIO | Writable,
+        index: BinaryIO | Writable,
+        *,
+        redact: Callable[[bytes], bytes] | None = None,
+        max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
+        on_first_loss: Callable[[str], None] | None = None,
+    ) -> None:
+        self._log = log
+        self._index = index
+        self._redact = redact
+        self._max_queue = max_queue_bytes
+        self._on_first_loss = on_first_loss
+        self._queue: collections.deque[tuple[int, bytes | None, int, int]] = collections.deque()
+        self._queued = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._partial: list[bytes] = [b"", b""]
+        self._offset = 0
+        self.lines_written = 0
+        self.bytes_written = 0
+        self._losses: dict[tuple[str, str], list[int]] = {}  # -> [bytes, lines, first_ns]
+        self._loss_lock = threading.Lock()
+        self._warned = False
+        self._index_ok = self._safe_write(self._index, INDEX_HEADER, "logs/lines.tsv", 0)
+        self._thread = threading.Thread(target=self._run, name="kk3-log-writer", daemon=True)
+        self._thread.start()
+
+    # -- producer side (pump thread) -------------------------------------------------------
+    def put(self, stream: int, data: bytes, wall_ns: int, mono_ns: int) -> None:
+        with self._cond:
+            if self._queued + len(data) > self._max_queue:
+                full = True
+            else:
+                full = False
+                self._queue.append((stream, data, wall_ns, mono_ns))
+                self._queued += len(data)
+                self._cond.notify()
+        if full:
+            self._lose("queue full (log writer behind)", len(data), data.count(b"\n"))
+
+    def eof(self, stream: int) -> None:
+        with self._cond:
+            self._queue.append((stream, None, time.time_ns(), time.monotonic_ns()))
+            self._cond.notify()
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Ask the writer to finish what is queued; ``True`` when it did within ``timeout``."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def losses(self) -> list[Loss]:
+        with self._loss_lock:
+            return [Loss(m, r, v[0], v[1], v[2]) for (m, r), v in self._losses.items()]
+
+    # -- writer thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    break
+                batch = list(self._queue)
+                self._queue.clear()
+                self._queued = 0
+            for stream, data, wall, mono in batch:
+                self._take(stream, data, wall, mono)
+        for stream in (0, 1):
+            if self._partial[stream]:
+                self._emit(stream, self._partial[stream], time.time_ns(), time.monotonic_ns())
+                self._partial[stream] = b""
+
+    def _take(self, stream: int, data: bytes | None, wall: int, mono: int) -> None:
+        if data is None:  # EOF: the last partial line is a line of its own
+            if self._partial[stream]:
+                self._emit(stream, self._partial[stream], wall, mono)
+                self._partial[stream] = b""
+            return
+        buf = self._partial[stream] + data if self._partial[stream] else data
+        cut = buf.rfind(b"\n") + 1
+        if cut:
+            self._emit(stream, buf[:cut], wall, mono)
+            buf = buf[cut:]
+        if len(buf) > MAX_PARTIAL:
+            self._emit(stream, buf, wall, mono)
+            buf = b""
+        self._partial[stream] = buf
+
+    def _emit(self, stream: int, block: bytes, wall: int, mono: int) -> None:
+        if self._redact is not None:
+            try:
+                block = self._redact(block)
+            except Exception as exc:
+                # Without redaction the line may hold a secret: drop it rather than store it.
+                self._lose(f"redaction failed: {type(exc).__name__}", len(block), 1)
+                return
+        parts = block.split(b"\n")
+        n = len(parts) - 1 if block.endswith(b"\n") else len(parts)
+        if not self._safe_write(self._log, block, "logs/combined.log", n):
+            return
+        starts = accumulate(map(add, map(len, parts), repeat(1)), initial=self._offset)
+        self._offset += len(block)
+        self.bytes_written += len(block)
+        self.lines_written += n
+        sep = f"\t{STREAMS[stream]}\t{wall}\t{mono}\n"
+        rows = sep.join(map(str, islice(starts, n))) + sep
+        self._safe_write(self._index, rows.encode("ascii"), "logs/lines.tsv", n)
+
+    def _safe_write(
+        self, stream: BinaryIO | Writable, data: bytes, member: str, lines: int
+    ) -> bool:
+        try:
+            stream.write(data)
+        except (OSError, ValueError) as exc:
+            reason = _describe(exc)
+            self._lose(reason, len(data), lines, member=member)
+            return False
+        return True
+
+    def _lose(
+        self, reason: str, nbytes: int, lines: int, member: str = "logs/combined.log"
+    ) -> None:
+        with self._loss_lock:
+            rec = self._losses.setdefault((member, reason), [0, 0, time.time_ns()])
+            rec[0] += nbytes
+            rec[1] += lines
+            first = not self._warned
+            self._warned = True
+        if first and self._on_first_loss is not None:
+            with contextlib.suppress(Exception):
+                self._on_first_loss(
+                    f"cannot record output to {member} ({reason}); still passing it "
+                    "through, the loss is recorded in the bundle"
+                )
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"{errno.errorcode.get(exc.errno, exc.errno)}: {exc.strerror}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Pump:
+    """Reads the child's pipes in one thread; pass-through first, then the recorder."""
+
+    def __init__(
+        self,
+        fds: tuple[int, int],
+        sinks: tuple[Callable[[bytes], None], Callable[[bytes], None]],
+        recorder: LineRecorder | None,
+    ) -> None:
+        self._fds = fds
+        self._sinks = list(sinks)
+        self._sink_dead = [False, False]
+        self._recorder = recorder
+        self._stop_at: float | None = None
+        self.bytes_seen = [0, 0]
+        self.sink_errors: list[str] = []
+        for fd in fds:
+            enlarge_pipe(fd)
+        self._thread = threading.Thread(target=self._run, name="kk3-pump", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop_after(self, seconds: float) -> None:
+        """Stop reading ``seconds`` from now even if a pipe is still open (a leftover holder)."""
+        self._stop_at = time.monotonic() + seconds
+
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        for i, fd in enumerate(self._fds):
+            sel.register(fd, selectors.EVENT_READ, i)
+        open_count = len(self._fds)
+        try:
+            while open_count:
+                if self._stop_at is not None and time.monotonic() >= self._stop_at:
+                    break
+                for key, _ in sel.select(timeout=0.2):
+                    i = int(key.data)
+                    fd = self._fds[i]
+                    try:
+                        data = os.read(fd, READ_SIZE)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        sel.unregister(fd)
+                        open_count -= 1
+                        if self._recorder is not None:
+                            self._recorder.eof(i)
+                        continue
+                    wall = time.time_ns()
+                    mono = time.monotonic_ns()
+                    self.bytes_seen[i] += len(data)
+                    if not self._sink_dead[i]:
+                        try:
+                            self._sinks[i](data)
+                        except (OSError, ValueError) as exc:
+                            # Our own stdout went away (closed terminal, `| head`): keep
+                            # recording, as tee -p would.
+                            self._sink_dead[i] = True
+                            self.sink_errors.append(f"{STREAMS[i]}: {_describe(exc)}")
+                    if self._recorder is not None:
+                        self._recorder.put(i, data, wall, mono)
+        finally:
+            for key in list(sel.get_map().values()):
+                if self._recorder is not None:
+                    self._recorder.eof(int(key.data))
+            sel.close()

@@ -1,0 +1,193 @@
+"""``kk3evidence capture [-o BUNDLE] [options] -- CMD...``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from kk3evidence.capture import CaptureOptions, main_passthrough_sinks, run_capture
+
+from ._common import handle_errors
+
+EPILOG = """\b
+Examples:
+  kk3evidence capture -o run1.tar -- vllm serve MODEL --tensor-parallel-size 8
+  kk3evidence capture -o run2.tar --prefix-probe --stop-after-request \\
+      --change 'driver=570.86.15->580.65.06' -- vllm serve MODEL --enable-prefix-caching
+  kk3evidence capture --no-probe -- torchrun --nproc-per-node 8 train.py
+
+\b
+CMD's output passes through unchanged; capture's own messages start with
+'kk3evidence:' on stderr. Ctrl-C is forwarded to CMD (a second Ctrl-C kills its
+process group). Exit status: CMD's (128+N when it was killed by signal N).
+If capture itself is killed, run 'kk3evidence seal STAGING' on the staging
+folder it named at the start.
+"""
+
+
+def _say(message: str) -> None:
+    click.echo(f"kk3evidence: {message}", err=True)
+
+
+@click.command(
+    "capture",
+    epilog=EPILOG,
+    context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False},
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Bundle to write (.tar, .tar.gz); default kk3-<UTC time>.tar here.",
+)
+@click.option(
+    "--staging",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Staging folder (default: BUNDLE.staging beside the bundle).",
+)
+@click.option("--note", "notes", multiple=True, metavar="TEXT", help="Free note (repeatable).")
+@click.option(
+    "--change",
+    "changes",
+    multiple=True,
+    metavar="'VAR=FROM->TO[@WHEN]'",
+    help="What changed since the previous run, e.g. 'driver=570.86.15->580.65.06'.",
+)
+@click.option(
+    "--cluster",
+    "cluster_text",
+    metavar="TEXT",
+    help="Cluster state in words (other jobs, maintenance); GPU processes are added.",
+)
+@click.option("--image", metavar="REF", help="Container image reference (wins over detection).")
+@click.option("--image-id", metavar="ID", help="Container image id (wins over detection).")
+@click.option(
+    "--probe/--no-probe",
+    "probe_http",
+    default=None,
+    help="Poll the HTTP API and send the fixed request (default: on for vLLM serve).",
+)
+@click.option("--url", metavar="URL", help="API base URL (default: from CMD's --host/--port).")
+@click.option(
+    "--ready-timeout",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Give up waiting for /health and /v1/models after this.",
+)
+@click.option(
+    "--request",
+    "request_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="JSON request body instead of the guide's fixed request.",
+)
+@click.option(
+    "--endpoint",
+    "request_path",
+    metavar="PATH",
+    help="Path for the request (default /v1/chat/completions).",
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Send the fixed request N times.",
+)
+@click.option(
+    "--prefix-probe",
+    is_flag=True,
+    help="Send a prompt longer than one KV block twice; record prefix-cache hits.",
+)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="KV block size for the prefix probe (default: from /metrics or CMD).",
+)
+@click.option(
+    "--stop-after-request",
+    is_flag=True,
+    help="Stop the server (SIGINT to its group) after the requests.",
+)
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(min=0.1),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long CMD's group may outlive CMD before it is stopped.",
+)
+@click.option("--no-analyze", is_flag=True, help="Do not analyze the log at the end.")
+@click.argument("cmd", nargs=-1, required=True, metavar="-- CMD...")
+@handle_errors
+def command(
+    *,
+    output: Path | None,
+    staging: Path | None,
+    notes: tuple[str, ...],
+    changes: tuple[str, ...],
+    cluster_text: str | None,
+    image: str | None,
+    image_id: str | None,
+    probe_http: bool | None,
+    url: str | None,
+    ready_timeout: float,
+    request_file: Path | None,
+    request_path: str | None,
+    repeat: int,
+    prefix_probe: bool,
+    block_size: int | None,
+    stop_after_request: bool,
+    request_timeout: float,
+    grace: float,
+    no_analyze: bool,
+    cmd: tuple[str, ...],
+) -> None:
+    """Run CMD unchanged and record it into an evidence bundle.
+
+    Output passes through live and byte-exact; the bundle gets the fingerprint (host,
+    GPUs, container, Python side, environment, loaded libraries), the command, the log
+    with per-line receive times, readiness, the fixed request and /metrics, notes, and
+    the analysis. Secrets are redacted before anything is written.
+    """
+    opts = CaptureOptions(
+        argv=cmd,
+        output=output,
+        staging=staging,
+        notes=notes,
+        changes=changes,
+        cluster_text=cluster_text,
+        image=image,
+        image_id=image_id,
+        probe=probe_http,
+        url=url,
+        ready_timeout=ready_timeout,
+        request_file=request_file,
+        request_path=request_path,
+        repeat=repeat,
+        prefix_probe=prefix_probe,
+        block_size=block_size,
+        stop_after_request=stop_after_request,
+        request_timeout=request_timeout,
+        grace=grace,
+        analyze=not no_analyze,
+    )
+    out, err = main_passthrough_sinks()
+    result = run_capture(opts, out=out, err=err, say=_say)
+    for problem in result.problems:
+        _say(f"warning: {problem}")
+    where = f"bundle {result.bundle}" if result.bundle else f"staging folder {result.staging}"
+    _say(f"{where}: {result.summary}")
+    sys.exit(result.exit_status)
