@@ -1,0 +1,59 @@
+"""``kk3evidence validate BUNDLE``: schema + sha256 + safety of a bundle, every problem listed."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from kk3evidence.bundle import best_problem, iter_problems
+from kk3evidence.errors import EXIT_INVALID, EXIT_OK
+from kk3evidence.model import Problem
+
+from ._common import echo_json, handle_errors
+
+
+def _line(problem: Problem) -> str:
+    line = str(problem)
+    details = []
+    if problem.expected is not None:
+        details.append(f"expected {problem.expected}")
+    if problem.actual is not None:
+        details.append(f"got {problem.actual}")
+    if details:
+        line += f" ({', '.join(details)})"
+    return f"{line} [{problem.code}]"
+
+
+@click.command(name="validate")
+@click.argument("bundle", metavar="BUNDLE")
+@click.option("--json", "as_json", is_flag=True, help='Print {"valid": bool, "problems": [...]}.')
+@handle_errors
+def command(bundle: str, as_json: bool) -> None:
+    """Check a bundle from anyone without extracting it: safe member names and types, sizes
+    and sha256 against the manifest, JSON schemas and versions.
+
+    Prints every problem, one per line (member, JSON path, what was expected and found).
+    Exit 0 when the bundle is valid, 4 when it is not (or cannot be read), 2 on usage errors.
+    """
+    problems = list(iter_problems(bundle))
+    if as_json:
+        echo_json(
+            {
+                "source": bundle,
+                "valid": not problems,
+                "problems": [p.to_json() for p in problems],
+            }
+        )
+    else:
+        for problem in problems:
+            click.echo(_line(problem))
+        if problems:
+            n = len(problems)
+            best = best_problem(problems)
+            click.echo(
+                f"{bundle}: INVALID, {n} problem{'s' if n != 1 else ''}; most relevant: {best}"
+            )
+        else:
+            click.echo(f"{bundle}: valid kk3evidence bundle")
+    sys.exit(EXIT_INVALID if problems else EXIT_OK)
