@@ -55,10 +55,11 @@ class Limits:
 class ArchiveError(Exception):
     """The archive cannot be read further. ``code`` is a :class:`Problem` code."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, member: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.member = member
 
 
 _MAGIC: list[tuple[bytes, str]] = [
@@ -328,9 +329,13 @@ class SafeTar:
                 "truncated", f"the archive ends inside a tar header at offset {start} (truncated)"
             )
         if block.count(0) != BLOCK:
+            # Name the member whose header this seems to be, if its name field is readable.
+            name = block[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+            printable = name.isprintable() and name
             raise ArchiveError(
                 "corrupt-archive",
                 f"invalid tar header at offset {start} (corrupt archive, or data after the end)",
+                member=name if printable else None,
             )
         seen = 0
         pos = start + BLOCK

@@ -64,6 +64,8 @@ BUNDLE_SCHEMA = "kk3evidence/bundle/v1"
 STAGING_SCHEMA = "kk3evidence/staging/v1"
 STAGING_MARKER = "staging.json"
 MANIFEST = "manifest.json"
+# pax header keyword on manifest.json carrying its own sha256 (the manifest cannot list itself).
+PAX_SHA256 = "KK3EVIDENCE.sha256"
 LOG_MEMBER = "logs/combined.log"
 LINES_MEMBER = "logs/lines.tsv"
 REQUIRED_MEMBERS: tuple[str, ...] = ("fingerprint.json", "launch.json", LOG_MEMBER)
@@ -202,6 +204,7 @@ class _Scanner:
         self.manifest: dict[str, Any] | None = None
         self.documents: dict[str, Any] = {}
         self.file_id: _FileId | None = None
+        self.manifest_corrupt = False
 
     def run(self) -> Iterator[Problem]:
         p = self.path
@@ -233,7 +236,7 @@ class _Scanner:
                 self.compression = tar.compression
                 yield from self._scan_archive(tar)
         except ArchiveError as exc:
-            yield Problem(exc.code, exc.message)
+            yield Problem(exc.code, exc.message, member=exc.member)
             return
         if any(pr.code in _FATAL for pr in self._problems):
             return
@@ -385,15 +388,32 @@ class _Scanner:
             except ArchiveError as exc:
                 yield self._emit(Problem(exc.code, exc.message, member=rest))
                 return
+            got = digest.hexdigest()
             self.seen[rest] = _Seen(
-                info.size, digest.hexdigest(), info.offset_data, b"".join(chunks) if keep else None
+                info.size, got, info.offset_data, b"".join(chunks) if keep else None
             )
+            recorded = info.pax_headers.get(PAX_SHA256)
+            if rest == MANIFEST and recorded is not None and recorded != got:
+                self.manifest_corrupt = True
+                yield self._emit(
+                    Problem(
+                        "sha256-mismatch",
+                        "content does not match the sha256 recorded in its tar header "
+                        "(corrupt or altered)",
+                        member=MANIFEST,
+                        expected=recorded,
+                        actual=got,
+                    )
+                )
         if tops:
             self.top = tops[0]
         try:
             tar.check_end()
         except ArchiveError as exc:
-            yield self._emit(Problem(exc.code, exc.message))
+            member = exc.member
+            if member is not None and self.top and member.startswith(self.top + "/"):
+                member = member[len(self.top) + 1 :]
+            yield self._emit(Problem(exc.code, exc.message, member=member))
             return
         if count == 0:
             yield self._emit(Problem("not-tar", "the archive has no members; not a bundle"))
@@ -463,6 +483,8 @@ class _Scanner:
                 member=MANIFEST,
             )
             return
+        if self.manifest_corrupt:
+            return  # already reported; nothing in it can be trusted
         data = seen[MANIFEST].data or b""
         manifest, problems = _schema.parse_json(data, MANIFEST, max_depth=lim.max_json_depth)
         if problems:
@@ -1169,12 +1191,12 @@ class BundleWriter:
             raise BundleError(f"cannot finalize: {problems[0]}", list(problems))
         manifest_bytes = _dumps(manifest)
         _atomic_write(self.staging_dir / MANIFEST, manifest_bytes)
-        self._write_tar(out, [MANIFEST, *members])
+        self._write_tar(out, [MANIFEST, *members], hashlib.sha256(manifest_bytes).hexdigest())
         if remove_staging:
             shutil.rmtree(self.staging_dir, ignore_errors=True)
         return out
 
-    def _write_tar(self, out: Path, members: list[str]) -> None:
+    def _write_tar(self, out: Path, members: list[str], manifest_sha256: str) -> None:
         top = f"kk3-{self.bundle_id}"
         mtime = int(self.created.timestamp())
         gz = out.name.endswith((".tar.gz", ".tgz"))
@@ -1198,6 +1220,8 @@ class BundleWriter:
                         info.mode = 0o644
                         info.uid = info.gid = 0
                         info.uname = info.gname = ""
+                        if name == MANIFEST:
+                            info.pax_headers = {PAX_SHA256: manifest_sha256}
                         with open(path, "rb") as fp:
                             tar.addfile(info, fp)
                 if gzf is not None:
