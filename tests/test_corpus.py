@@ -18,7 +18,6 @@ from typing import Any
 import jsonschema
 import pytest
 
-
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "corpus"
 SCHEMA = json.loads((REPO / "schemas" / "corpus-case.schema.json").read_text(encoding="utf-8"))
@@ -173,7 +172,11 @@ def _table(outcomes: list[Outcome]) -> str:
             mark = "FALSE-FAILURE" if o.false_failure else "ok"
         else:
             mark = "".join(
-                ("L" if o.line_ok else "-", "S" if o.stage_ok else "-", "C" if o.category_ok else "-")
+                (
+                    "L" if o.line_ok else "-",
+                    "S" if o.stage_ok else "-",
+                    "C" if o.category_ok else "-",
+                )
             )
         rows.append(f"{o.case.id:44} {exp:48} {got}  [{mark}]")
     by_origin: dict[str, list[Outcome]] = {}

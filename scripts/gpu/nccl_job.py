@@ -36,7 +36,7 @@ def main() -> None:
     log(f"torch {torch.__version__} nccl {torch.cuda.nccl.version()} world={world} mode={mode}")
     dist.init_process_group(
         "nccl", timeout=timeout, device_id=torch.device("cuda", local)
-    )
+    )  # fmt: skip  (kept as run: the logs in corpus/ quote this file's line numbers)
     log("process group initialized")
     x = torch.full((1 << 20,), float(rank + 1), device="cuda")
     dist.all_reduce(x)
