@@ -839,7 +839,11 @@ class Bundle:
                     nl = buf.find(b"\n", start)
                     if nl < 0:
                         break
-                    yield buf[start : nl + 1]
+                    if nl + 1 - start <= max_line:
+                        yield buf[start : nl + 1]
+                    else:
+                        for i in range(start, nl + 1, max_line):
+                            yield buf[i : min(i + max_line, nl + 1)]
                     start = nl + 1
                 pending = buf[start:]
                 while len(pending) >= max_line:
@@ -1137,6 +1141,7 @@ class BundleWriter:
                 raise BundleError(f"cannot finalize: {problems[0]}", list(problems))
             # Keep the bytes for a human, out of the schema's way.
             target = f"probes/unsealed-{name.replace('/', '-')}"
+            (self.staging_dir / "probes").mkdir(exist_ok=True)
             os.replace(path, self.staging_dir / target)
             self.add_not_collected(name, f"was invalid ({problems[0].message}); kept as {target}")
             kept.append(target)
