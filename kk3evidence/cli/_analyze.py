@@ -1,0 +1,155 @@
+"""``kk3evidence analyze (BUNDLE | LOGFILE | -)``: stages, first causal failure, consequences."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from kk3evidence.analysis import analyze
+from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, UsageError
+from kk3evidence.model import Analysis, Finding
+
+from ._common import echo_json, handle_errors
+
+_MAX_CONSEQUENCES_SHOWN = 12
+
+
+def _clip(text: str, width: int = 220) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _rule_info(a: Analysis) -> dict[str, Any]:
+    info = a.extra.get("first_failure_rule")
+    return info if isinstance(info, dict) else {}
+
+
+def _context_lines(a: Analysis, ff: Finding) -> list[tuple[int, str, bool]]:
+    ctx = a.extra.get("first_failure_context") or {}
+    rows: list[tuple[int, str, bool]] = [(int(n), str(t), False) for n, t in ctx.get("before", [])]
+    rows.append((ff.line_no, ff.text, True))
+    rows += [(int(n), str(t), False) for n, t in ctx.get("after", [])]
+    return rows
+
+
+def render_text(a: Analysis) -> str:
+    out: list[str] = [f"{a.source}: {a.lines_total} lines"]
+    out.append("")
+    out.append("Stages (seed order):")
+    if not a.stages:
+        out.append("  (no stage evidence found)")
+    for s in a.stages:
+        mark = {"completed": "ok", "failed": "FAILED", "started": "started"}[s.status]
+        out.append(f"  {s.stage:<17} {mark:<8} lines {s.first_line}-{s.last_line}")
+    out.append(f"Last stage reached: {a.last_stage_reached or 'none'}")
+    out.append("")
+    ff = a.first_failure
+    if ff is None:
+        out.append("No failure found.")
+        return "\n".join(out) + "\n"
+    info = _rule_info(a)
+    out.append(
+        f"First causal failure: line {ff.line_no}, stage {ff.stage}, category {ff.category}, "
+        f"rule {ff.rule}" + (f" ({info['name']})" if info.get("name") else "")
+    )
+    if ff.process:
+        out.append(f"  process: {ff.process}")
+    width = len(str(max(n for n, _t, _c in _context_lines(a, ff))))
+    for n, t, cur in _context_lines(a, ff):
+        out.append(f"  {'>' if cur else ' '} {n:>{width}} | {_clip(t)}")
+    if info.get("summary"):
+        out += ["", f"What: {info['summary']}"]
+    if info.get("why"):
+        out.append(f"Why:  {info['why']}")
+    if info.get("next_steps"):
+        out.append("Next steps:")
+        out += [f"  {i}. {s}" for i, s in enumerate(info["next_steps"], 1)]
+    for note in a.extra.get("notes", []):
+        out.append(f"Note: {note}")
+    if a.consequences:
+        out += ["", f"Consequences ({len(a.consequences)}; they only report the failure above):"]
+        for c in a.consequences[:_MAX_CONSEQUENCES_SHOWN]:
+            out.append(f"  line {c.line_no:<6} {c.rule:<9} {_clip(c.text, 160)}")
+        if len(a.consequences) > _MAX_CONSEQUENCES_SHOWN:
+            out.append(f"  ... {len(a.consequences) - _MAX_CONSEQUENCES_SHOWN} more (see --json)")
+    others = [f for f in a.findings if f.kind == "failure" and f.line_no != ff.line_no]
+    if others:
+        out += ["", f"Other failures found later ({len(others)}):"]
+        for f in others[:_MAX_CONSEQUENCES_SHOWN]:
+            out.append(f"  line {f.line_no:<6} {f.rule:<9} {_clip(f.text, 160)}")
+    return "\n".join(out) + "\n"
+
+
+def render_markdown(a: Analysis) -> str:
+    out: list[str] = [f"# Analysis of `{a.source}`", ""]
+    out.append(f"{a.lines_total} lines; last stage reached: **{a.last_stage_reached or 'none'}**.")
+    out += ["", "## Stages", "", "| stage | status | lines |", "|---|---|---|"]
+    for s in a.stages:
+        out.append(f"| {s.stage} | {s.status} | {s.first_line}–{s.last_line} |")
+    out.append("")
+    ff = a.first_failure
+    if ff is None:
+        out += ["## Result", "", "No failure found."]
+        return "\n".join(out) + "\n"
+    info = _rule_info(a)
+    out += [
+        "## First causal failure",
+        "",
+        f"- line **{ff.line_no}**, stage **{ff.stage}**, category **{ff.category}**",
+        f"- rule `{ff.rule}`" + (f" ({info['name']})" if info.get("name") else ""),
+        f"- process: `{ff.process}`" if ff.process else "- process: (unprefixed)",
+        "",
+        "```text",
+    ]
+    for n, t, cur in _context_lines(a, ff):
+        out.append(f"{'>' if cur else ' '} {n}: {t}")
+    out += ["```", ""]
+    if info.get("summary"):
+        out += [f"**What happened.** {info['summary']}", ""]
+    if info.get("why"):
+        out += [f"**Why it matters.** {info['why']}", ""]
+    if info.get("next_steps"):
+        out += ["**Next steps.**", ""] + [f"1. {s}" for s in info["next_steps"]] + [""]
+    if a.consequences:
+        out += ["## Consequences", "", "| line | rule | text |", "|---|---|---|"]
+        for c in a.consequences[:50]:
+            text = _clip(c.text, 160).replace("|", "\\|")
+            out.append(f"| {c.line_no} | `{c.rule}` | `{text}` |")
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+@click.command(name="analyze")
+@click.argument("source", metavar="BUNDLE|LOGFILE|-")
+@click.option("--json", "as_json", is_flag=True, help="Print the analysis JSON (SPEC §4).")
+@click.option("--markdown", "as_md", is_flag=True, help="Print a markdown hand-off section.")
+@click.option(
+    "--context",
+    "context",
+    type=click.IntRange(0, 200),
+    default=3,
+    show_default=True,
+    help="Lines of log shown before and after the first failure.",
+)
+@handle_errors
+def command(source: str, as_json: bool, as_md: bool, context: int) -> None:
+    """Find the stages a vLLM start-up passed, its first causal failure and the lines that
+    only report it (consequences).
+
+    SOURCE is a bundle (.tar, .tar.gz, .tgz), a plain log file, or '-' for stdin. The log is
+    streamed: memory stays flat however large it is.
+
+    Exit 0 when no failure is found, 3 when one is, 2 on usage errors, 4 when the input cannot
+    be read.
+    """
+    if as_json and as_md:
+        raise UsageError("--json and --markdown are exclusive; pick one output form")
+    result = analyze(source, context=context)
+    if as_json:
+        echo_json(result.to_json())
+    elif as_md:
+        click.echo(render_markdown(result), nl=False)
+    else:
+        click.echo(render_text(result), nl=False)
+    sys.exit(EXIT_FAILURE_FOUND if result.failed else EXIT_OK)
