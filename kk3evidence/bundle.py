@@ -314,6 +314,15 @@ class _Scanner:
                 )
                 continue
             names.add(key)
+            if not rest and not info.isdir():
+                yield self._emit(
+                    Problem(
+                        "outside-top-folder",
+                        "is not inside the bundle's top folder",
+                        member=shown,
+                    )
+                )
+                continue
             if top not in tops:
                 tops.append(top)
                 if len(tops) == 2:
@@ -332,15 +341,6 @@ class _Scanner:
                     yield self._emit(
                         Problem("unexpected-member", "is not a v1 bundle folder", member=shown)
                     )
-                continue
-            if not rest:
-                yield self._emit(
-                    Problem(
-                        "outside-top-folder",
-                        "is not inside the bundle's top folder",
-                        member=shown,
-                    )
-                )
                 continue
             if top != tops[0]:
                 continue  # already reported
