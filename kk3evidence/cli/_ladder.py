@@ -1,0 +1,153 @@
+"""``kk3evidence ladder PLAN [-o DIR]``: run a plan step by step, stop where the outcome changes."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from kk3evidence.errors import EXIT_OK
+from kk3evidence.ladder import LadderResult, Plan, Progress, load_plan, run_ladder
+
+from ._common import die, echo_json, handle_errors
+
+EPILOG = """\b
+Examples:
+  kk3evidence minimize -o plan.toml -- vllm serve MODEL --enable-prefix-caching ...
+  kk3evidence ladder plan.toml -o ladder-run/
+  kk3evidence ladder plan.toml -o ladder-run/     # again: resumes, skips finished steps
+  kk3evidence ladder plan.toml --dry-run          # show the steps, start nothing
+
+\b
+Exit codes: 0 every step keeps the baseline's outcome, 3 a step changed the outcome (or the
+baseline itself fails), 2 usage, 4 invalid plan, 130 interrupted (run again to resume).
+"""
+
+
+def _print_plan(plan: Plan) -> None:
+    for s in plan.steps:
+        click.echo(f"step {s.id}: {s.variable} ({s.from_ or 'absent'} → {s.to})")
+        click.echo(f"  {' '.join(shlex.quote(a) for a in s.argv)}")
+        click.echo(f"  request: {s.request.describe()}")
+
+
+def _report(plan: Plan, result: LadderResult, out_dir: Path) -> None:
+    click.echo("")
+    for rec in result.records:
+        mark = "=" if result.changed != rec.id else "≠"
+        shared = f", server of step {rec.shares_server_with}" if rec.shares_server_with else ""
+        resumed = " (done earlier)" if rec.id in result.skipped else ""
+        click.echo(
+            f" {mark} step {rec.id} {rec.variable}: {rec.outcome.describe()}"
+            f"  [{rec.bundle or 'no bundle'}{shared}]{resumed}"
+        )
+    click.echo("")
+    click.echo(result.message)
+    if result.verdict == "changed" and result.changed is not None:
+        changed = next(r for r in result.records if r.id == result.changed)
+        stable = next((r for r in result.records if r.id == result.last_stable), None)
+        click.echo(f"  bundle of step {changed.id}: {out_dir / (changed.bundle or '?')}")
+        if changed.requests_dir:
+            click.echo(f"  its requests: {out_dir / changed.requests_dir}")
+        if stable is not None:
+            step = plan.steps[stable.id]
+            click.echo(
+                f"  last stable baseline: step {stable.id} ({stable.variable}), bundle "
+                f"{out_dir / (stable.bundle or '?')}"
+            )
+            click.echo("  revert to it before fixing the new failure:")
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in step.env.items())
+            click.echo(
+                f"    {env + ' ' if env else ''}{' '.join(shlex.quote(a) for a in step.argv)}"
+            )
+            click.echo(f"    request: {step.request.describe()}")
+            click.echo(
+                f"  compare them: kk3evidence diff {out_dir / (stable.bundle or '?')} "
+                f"{out_dir / (changed.bundle or '?')}"
+            )
+    elif result.verdict == "baseline-fails" and result.records:
+        first = result.records[0]
+        click.echo(f"  bundle: {out_dir / (first.bundle or '?')}")
+        click.echo(f"  next: kk3evidence analyze {out_dir / (first.bundle or '?')}")
+
+
+@click.command("ladder", epilog=EPILOG)
+@click.argument("plan_path", metavar="PLAN")
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    metavar="DIR",
+    help="Folder for the bundles and the state file [ladder-<PLAN name>].",
+)
+@click.option("--fresh", is_flag=True, help="Forget the steps done in DIR and start over.")
+@click.option(
+    "--no-reuse",
+    is_flag=True,
+    help="Start a new server for every step, even when only the request changes.",
+)
+@click.option(
+    "--ready-timeout",
+    type=click.FloatRange(1),
+    default=1800.0,
+    show_default=True,
+    help="Seconds a step's server may take to answer /health and /v1/models.",
+)
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(1),
+    default=600.0,
+    show_default=True,
+    help="Seconds one request may take.",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Pass the servers' output through to stderr.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress display.")
+@click.option("--dry-run", is_flag=True, help="Validate the plan and print its steps; run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@handle_errors
+def command(  # noqa: PLR0917 - click passes options by keyword
+    plan_path: str,
+    out_dir: str | None,
+    fresh: bool,
+    no_reuse: bool,
+    ready_timeout: float,
+    request_timeout: float,
+    verbose: bool,
+    quiet: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Run a ladder plan (written by `kk3evidence minimize`): each step through capture (one
+    bundle per server start) with the step's request, compared with the last stable step. Stops
+    at the first step whose outcome (readiness, first failure, request statuses) changes and
+    names it, with its bundle and the last stable baseline to revert to.
+
+    Steps that only change the request reuse the running server. Progress goes to stderr; the
+    state is kept in DIR/ladder-state.json so running it again resumes.
+    """
+    plan = load_plan(plan_path)
+    if dry_run:
+        _print_plan(plan)
+        sys.exit(EXIT_OK)
+    out = Path(out_dir) if out_dir else Path(f"ladder-{Path(plan_path).stem}")
+    progress = Progress(enabled=not quiet)
+    try:
+        result = run_ladder(
+            plan,
+            out,
+            progress=progress,
+            fresh=fresh,
+            reuse_server=not no_reuse,
+            ready_timeout=ready_timeout,
+            request_timeout=request_timeout,
+            verbose=verbose,
+        )
+    except KeyboardInterrupt:
+        die(f"interrupted; run the same command again to resume from {out}", 130)
+    if as_json:
+        echo_json({**result.to_json(), "out_dir": str(out)})
+    else:
+        _report(plan, result, out)
+    sys.exit(result.exit_code)
