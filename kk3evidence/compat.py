@@ -12,6 +12,8 @@ Files without a ``recipe`` key apply to every bundle; a recipe file applies when
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -132,6 +134,13 @@ def _parse_rule_file(name: str, text: str) -> list[CompatRule]:
         raise RuleError(f"rules/compat/{name}: not valid TOML ({exc})") from exc
     if data.get("schema") != RULES_SCHEMA:
         raise RuleError(f"rules/compat/{name}: schema must be {RULES_SCHEMA!r}")
+    import jsonschema  # type: ignore[import-untyped]
+
+    validator = jsonschema.Draft202012Validator(_file_schema())
+    for err in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        raise RuleError(f"rules/compat/{name}: ${path}: {err.message} "
+                        "(see schemas/compat-rule.schema.json)")
     recipe = data.get("recipe")
     out: list[CompatRule] = []
     for i, raw in enumerate(data.get("rule") or []):
@@ -156,6 +165,13 @@ def _parse_rule_file(name: str, text: str) -> list[CompatRule]:
             file=f"rules/compat/{name}",
         ))
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _file_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads(_resources.read_text("schemas",
+                                                            "compat-rule.schema.json"))
+    return schema
 
 
 def _recipe_models() -> dict[str, list[str]]:

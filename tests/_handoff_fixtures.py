@@ -166,3 +166,52 @@ def run(source: str = "a.tar", *, argv: list[str] | None = None,
         requests=[] if failed else [request or fixed_request()],
         log_lines=FAIL_LOG if failed else None,
     )
+
+
+def write(ev: Evidence, path: Any, *, log_lines: list[str] | None = None,
+          with_analysis: bool = True, bundle_id: str = "handoff-test") -> Any:
+    """Write ``ev`` as a real bundle through BundleWriter (schema-validated) and return the path.
+
+    Without ``analysis.json`` the reader runs the real analyzer on the log.
+    """
+    from kk3evidence.bundle import BundleWriter
+
+    staging = path.with_name(path.name + ".staging")
+    writer = BundleWriter(staging, bundle_id=bundle_id)
+    writer.write_json("fingerprint.json", dict(ev.fingerprint))
+    writer.write_json("launch.json", dict(ev.launch))
+    writer.write_json("notes.json", dict(ev.notes) or {
+        "schema": "kk3evidence/notes/v1", "notes": [], "changes": [],
+        "cluster": {"gpu_processes": [], "text": None}})
+    if with_analysis and ev.analysis is not None:
+        writer.write_json("analysis.json", dict(ev.analysis))
+    for i, req in enumerate(ev.requests):
+        writer.write_json(f"requests/{i:02d}-{req.get('name', 'r')}.json", dict(req))
+    lines = log_lines if log_lines is not None else (
+        FAIL_LOG if ev.first_failure is not None else OK_LOG)
+    with writer.open_stream("logs/combined.log") as fp:
+        fp.write("".join(line + "\n" for line in lines).encode())
+    for label, text_ in ev.metrics.items():
+        writer.add_bytes(f"metrics/{label}.prom", text_.encode())
+    return writer.finalize(path)
+
+
+OK_LOG = [
+    "(APIServer pid=15538) INFO 11-30 01:47:53 [api_utils.py:286] non-default args: "
+    "{'model_tag': '/models/tinyllama', 'host': '127.0.0.1', 'port': 8011}",
+    "(APIServer pid=15538) INFO 11-30 01:47:53 [model.py:733] Resolved architecture: "
+    "LlamaForCausalLM",
+    "(EngineCore pid=15613) INFO 11-30 01:48:00 [core.py:96] Initializing a V1 LLM engine "
+    "(v0.32.0) with config: model='/models/tinyllama'",
+    "(Worker pid=15614) INFO 11-30 01:48:02 [cpu_model_runner.py:71] Starting to load model "
+    "/models/tinyllama...",
+    "(Worker pid=15614) INFO 11-30 01:48:03 [default_loader.py:291] Loading weights took "
+    "0.01 seconds",
+    "(EngineCore pid=15613) INFO 11-30 01:48:12 [core.py:250] init engine (profile, create kv "
+    "cache, warmup model) took 9.77 seconds",
+    "(APIServer pid=15538) INFO 11-30 01:48:13 [api_server.py:1380] Starting vLLM API server 0 "
+    "on http://127.0.0.1:8011",
+    "(APIServer pid=15538) INFO:     Application startup complete.",
+    '(APIServer pid=15538) INFO:     127.0.0.1:51236 - "POST /v1/chat/completions HTTP/1.1" 200 '
+    "OK",
+]
