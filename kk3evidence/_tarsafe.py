@@ -331,7 +331,8 @@ class SafeTar:
         if block.count(0) != BLOCK:
             # Name the member whose header this seems to be, if its name field is readable.
             name = block[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
-            printable = name.isprintable() and name
+            looks_like_header = block[257:262] == b"ustar"
+            printable = looks_like_header and name.isprintable() and name
             raise ArchiveError(
                 "corrupt-archive",
                 f"invalid tar header at offset {start} (corrupt archive, or data after the end)",

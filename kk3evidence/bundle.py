@@ -256,6 +256,7 @@ class _Scanner:
         total = 0
         tops: list[str] = []
         names: set[str] = set()
+        folded_names: dict[str, str] = {}
         for info in tar.headers():
             count += 1
             if count > lim.max_members:
@@ -284,6 +285,22 @@ class _Scanner:
                     )
                 )
                 continue
+            if info.size < 0:
+                yield self._emit(
+                    Problem(
+                        "corrupt-archive", f"declares a negative size ({info.size})", member=shown
+                    )
+                )
+                return
+            if info.type == tarfile.GNUTYPE_SPARSE or info.sparse is not None:
+                yield self._emit(
+                    Problem(
+                        "special-file",
+                        "is a sparse file; bundles hold only regular files",
+                        member=shown,
+                    )
+                )
+                continue
             if not (info.isreg() or info.isdir()):
                 what = (
                     "character device"
@@ -294,7 +311,7 @@ class _Scanner:
                     if info.isfifo()
                     else "sparse file"
                     if info.issparse()
-                    else f"member of type {info.type!r}"
+                    else f"member of tar type {info.type.decode('latin-1')!r}"
                 )
                 yield self._emit(
                     Problem(
@@ -314,6 +331,18 @@ class _Scanner:
                 )
                 continue
             names.add(key)
+            folded = key.casefold()
+            if folded in folded_names:
+                yield self._emit(
+                    Problem(
+                        "duplicate-member",
+                        f"differs only in letter case from {_show(folded_names[folded])!r} "
+                        "(they would collide on a case-insensitive file system)",
+                        member=shown,
+                    )
+                )
+                continue
+            folded_names[folded] = key
             if not rest and not info.isdir():
                 yield self._emit(
                     Problem(

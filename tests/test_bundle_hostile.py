@@ -164,6 +164,39 @@ def control_characters_in_name(tmp: Path) -> Path:
     return _raw(tmp, [*valid_raw_members(), RawMember(f"{TOP}/logs/a\x1b[2Jb", b"x")])
 
 
+@case("special-file", "kk3-test/logs/sparse.log")
+def gnu_sparse_member(tmp: Path) -> Path:
+    m = RawMember(f"{TOP}/logs/sparse.log", type=tarfile.GNUTYPE_SPARSE, size=0)
+    return _raw(tmp, [*valid_raw_members(), m])
+
+
+@case("special-file", "kk3-test/logs/odd")
+def unknown_member_type(tmp: Path) -> Path:
+    m = RawMember(f"{TOP}/logs/odd", b"abc", type=b"Z", size=3)
+    return _raw(tmp, [*valid_raw_members(), m])
+
+
+@case("duplicate-member", "kk3-test/logs/a.log")
+def names_differing_only_in_case(tmp: Path) -> Path:
+    files = {**valid_files(), "logs/A.log": b"1", "logs/a.log": b"2"}
+    return _raw(tmp, valid_raw_members(files))
+
+
+@case("corrupt-archive", "kk3-test/logs/neg.log")
+def negative_size_in_pax_record(tmp: Path) -> Path:
+    m = RawMember(f"{TOP}/logs/neg.log", b"abc", pax={"size": "-100"})
+    return _raw(tmp, [*valid_raw_members(), m])
+
+
+@case("header-too-large", None)
+def gnu_long_name_claims_gigabytes(tmp: Path) -> Path:
+    info = tarfile.TarInfo("././@LongLink")
+    info.type = tarfile.GNUTYPE_LONGNAME
+    info.size = 3 * 2**30
+    (tmp / "ln.tar").write_bytes(info.tobuf(tarfile.GNU_FORMAT) + b"a" * 10_000)
+    return tmp / "ln.tar"
+
+
 # --- sizes and counts ----------------------------------------------------------------------
 
 
