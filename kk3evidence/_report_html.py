@@ -28,13 +28,14 @@ h3, h4 { font-size: 1.05rem; margin-top: 1.4rem; }
 table { border-collapse: collapse; width: 100%; margin: .6rem 0 1rem; font-size: .92rem; }
 th, td { border: 1px solid #d0d7de; padding: .35rem .55rem; text-align: left;
          vertical-align: top; word-break: break-word; }
-th { background: #f6f8fa; }
+th { background: #f6f8fa; white-space: nowrap; }
 code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: .88em;
        background: #f6f8fa; padding: .05rem .3rem; border-radius: 4px; }
 pre { background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 6px; padding: .8rem;
       overflow-x: auto; font-size: .85rem; line-height: 1.4; }
 pre code { background: none; padding: 0; }
-.log .mark { background: #ffebe9; color: #82071e; font-weight: 600; display: block; }
+.log .ln { display: block; white-space: pre; }
+.log .mark { background: #ffebe9; color: #82071e; font-weight: 600; }
 .log .no { color: #6e7781; user-select: none; }
 .st { font-weight: 600; padding: .05rem .45rem; border-radius: 999px; white-space: nowrap; }
 .st-pass, .st-completed, .st-통과 { background: #dafbe1; color: #116329; }
@@ -69,10 +70,28 @@ def _status_cell(value: str) -> str:
     return f'<span class="st st-{html.escape(key)}">{html.escape(value)}</span>'
 
 
+def _ticks(t_max: float, *, integer: bool) -> list[float]:
+    """About six round tick values from 0 to ``t_max``."""
+    raw = t_max / 6
+    step = 1.0
+    for mult in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000):
+        step = float(mult)
+        if step >= raw:
+            break
+    if integer:
+        step = max(step, 1.0)
+    n = int(t_max / step)
+    return [i * step for i in range(n + 1)]
+
+
 def timeline_svg(tl: Timeline) -> str:
     """The stages as horizontal bars on a time (or log-line) axis, first failure marked."""
-    rows = sorted({s[0] for s in tl.spans},
-                  key=lambda st: STAGES.index(st) if st in STAGES else len(STAGES))
+    # rows in time order of first appearance (ties: the seed's diagnostic order)
+    first: dict[str, float] = {}
+    for st, _, start, _ in tl.spans:
+        first[st] = min(start, first.get(st, start))
+    rows = sorted(first, key=lambda st: (first[st],
+                                         STAGES.index(st) if st in STAGES else len(STAGES)))
     left, right, top, row_h = 150, 30, 30, 28
     width = 900
     height = top + row_h * len(rows) + 50
@@ -88,13 +107,11 @@ def timeline_svg(tl: Timeline) -> str:
              '<style>text{font:12px system-ui,sans-serif;fill:#1f2328}'
              '.ax{fill:#6e7781}</style>']
     # grid and axis
-    ticks = 6
-    for i in range(ticks + 1):
-        t = t_max * i / ticks
+    for t in _ticks(t_max, integer=tl.unit == "line"):
         xx = x(t)
         parts.append(f'<line x1="{xx:.1f}" y1="{top - 8}" x2="{xx:.1f}" '
                      f'y2="{top + row_h * len(rows)}" stroke="#eaeef2"/>')
-        label = f"{t:.0f}" if tl.unit == "line" or t_max >= 10 else f"{t:.1f}"
+        label = f"{t:.0f}" if float(t).is_integer() else f"{t:.1f}"
         parts.append(f'<text class="ax" x="{xx:.1f}" y="{top + row_h * len(rows) + 16}" '
                      f'text-anchor="middle">{label}</text>')
     axis = html.escape(str(tl.labels.get("axis", "")))
@@ -154,10 +171,10 @@ def _block(block: Block) -> str:
     if isinstance(block, Lines):
         rows = []
         for ln in block.lines:
-            cls = ' class="mark"' if ln.line_no == block.mark else ""
-            rows.append(f'<span{cls}><span class="no">{ln.line_no:>6}  </span>'
-                        f"{html.escape(ln.text)}</span>")
-        return '<pre class="log"><code>' + "\n".join(rows) + "</code></pre>"
+            cls = "ln mark" if ln.line_no == block.mark else "ln"
+            rows.append(f'<span class="{cls}"><span class="no">{ln.line_no:>6}  </span>'
+                        f"{html.escape(ln.text) or ' '}</span>")
+        return '<pre class="log"><code>' + "".join(rows) + "</code></pre>"
     if isinstance(block, Details):
         inner = "".join(_block(b) for b in block.blocks)
         return f"<details><summary>{block.summary}</summary>{inner}</details>"
