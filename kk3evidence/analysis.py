@@ -86,6 +86,8 @@ class AnalysisEngine:
         self.source = source
         self.context = max(0, min(context, 200))
         self._context: dict[int, dict[str, list[list[Any]]]] = {}
+        self._tail: list[list[Any]] = []  # last `context` lines of the previous blocks
+        self._pending_after: list[tuple[int, list[list[Any]]]] = []  # (hit line, after list)
         self._c = _compiled(ruleset if ruleset is not None else load_rules(), engine)
         self._tracker = TracebackTracker()
         self._pending = bytearray()
@@ -256,11 +258,48 @@ class AnalysisEngine:
             line_no += 1
             self._line(block, s, e, line_no, ids)
             pos = e + 1
+        if self.context:
+            self._context_bookkeeping(block, base, n)
         if final and n and not block.endswith(b"\n"):
             # The last line has no newline: it still counts as a line.
             line_no = base + block.count(b"\n") + 1
         self.lines = line_no
         tracker.tick(line_no)
+
+    def _context_bookkeeping(self, block: bytes, base: int, n: int) -> None:
+        """Complete after-context of failures from earlier blocks; remember this block's tail."""
+        want = self.context
+        if self._pending_after:
+            still: list[tuple[int, list[list[Any]]]] = []
+            for hit_no, after in self._pending_after:
+                covered = after[-1][0] if after else hit_no
+                pos = 0
+                no = base + 1
+                while len(after) < want and pos < n:
+                    if no > covered:
+                        f = block.find(b"\n", pos)
+                        f = n if f < 0 else f
+                        after.append([no, decode_line(block[pos:f])])
+                        pos = f + 1
+                    else:
+                        f = block.find(b"\n", pos)
+                        pos = n if f < 0 else f + 1
+                    no += 1
+                if len(after) < want:
+                    still.append((hit_no, after))
+            self._pending_after = still
+        tail: list[list[Any]] = []
+        end = n - 1 if block.endswith(b"\n") else n
+        no = base + block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+        while len(tail) < want and end >= 0:
+            b = block.rfind(b"\n", 0, end) + 1
+            tail.append([no, decode_line(block[b:end])])
+            no -= 1
+            end = b - 1
+        tail.reverse()
+        if len(tail) < want:
+            tail = self._tail[-(want - len(tail)) :] + tail
+        self._tail = tail
 
     def _simple_milestones(self, block: bytes, base: int, firsts: dict[int, int]) -> None:
         c = self._c
@@ -325,7 +364,14 @@ class AnalysisEngine:
             return
         self._hits.append(hit)
         if self.context and rule.kind == "failure" and len(self._context) < MAX_CONTEXTS:
-            self._context[line_no] = _context_around(block, s, e, line_no, self.context)
+            ctx = _context_around(block, s, e, line_no, self.context)
+            before = ctx["before"]
+            if len(before) < self.context:
+                older = [x for x in self._tail if x[0] < line_no - len(before)]
+                before[:0] = older[-(self.context - len(before)) :]
+            if len(ctx["after"]) < self.context:
+                self._pending_after.append((line_no, ctx["after"]))
+            self._context[line_no] = ctx
 
 
 def _context_around(
