@@ -72,6 +72,13 @@ def test_corpus_holds_at_least_60_cases_each_with_a_source() -> None:
     assert any(c.label["clean"] for c in CASES), "the corpus needs clean logs too"
 
 
+def test_corpus_readme_states_the_current_case_count() -> None:
+    readme = (CORPUS / "README.md").read_text(encoding="utf-8")
+    clean = sum(1 for c in CASES if c.label["clean"])
+    expected = f"Total: {len(CASES)} cases ({len(CASES) - clean} failing, {clean} clean)."
+    assert expected in readme, f"corpus/README.md must say {expected!r}"
+
+
 def test_every_case_folder_has_a_label_file() -> None:
     stray = [p.name for p in CORPUS.iterdir() if p.is_dir() and not (p / "case.toml").is_file()]
     assert not stray, f"case folders without case.toml: {stray}"
