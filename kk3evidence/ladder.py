@@ -615,8 +615,6 @@ class CaptureRunner:
                 group.seen_requests.append((m.group("name"), status))
                 if len(group.seen_requests) >= group.capture_requests:
                     group.requests_done.set()
-            if text.startswith("api ready"):
-                self.progress.set_stage("api_ready")
             if self.verbose:
                 self.progress.say(text)
 

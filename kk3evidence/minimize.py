@@ -581,7 +581,7 @@ def build_plan(
                 ServeCommand(
                     program=src.program,
                     model=src.model,
-                    flags=dict(mini.minimal.flags),
+                    flags={n: _secret_ref(n, v) for n, v in mini.minimal.flags.items()},
                     env=src.env,
                     table=table,
                 )

@@ -51,6 +51,10 @@ def _report(plan: Plan, result: LadderResult, out_dir: Path) -> None:
         click.echo(f"  bundle of step {changed.id}: {out_dir / (changed.bundle or '?')}")
         if changed.requests_dir:
             click.echo(f"  its requests: {out_dir / changed.requests_dir}")
+        for line in changed.request_summaries[:3]:
+            click.echo(f"    {line}")
+        if len(changed.request_summaries) > 3:
+            click.echo(f"    … {len(changed.request_summaries) - 3} more")
         if stable is not None:
             step = plan.steps[stable.id]
             click.echo(
@@ -59,14 +63,19 @@ def _report(plan: Plan, result: LadderResult, out_dir: Path) -> None:
             )
             click.echo("  revert to it before fixing the new failure:")
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in step.env.items())
-            click.echo(
-                f"    {env + ' ' if env else ''}{' '.join(shlex.quote(a) for a in step.argv)}"
-            )
+            argv = " ".join(shlex.quote(a) for a in step.argv)
+            click.echo(f"    {env + ' ' if env else ''}{argv}")
             click.echo(f"    request: {step.request.describe()}")
-            click.echo(
-                f"  compare them: kk3evidence diff {out_dir / (stable.bundle or '?')} "
-                f"{out_dir / (changed.bundle or '?')}"
-            )
+            if stable.bundle and changed.bundle and stable.bundle != changed.bundle:
+                click.echo(
+                    f"  compare them: kk3evidence diff {out_dir / stable.bundle} "
+                    f"{out_dir / changed.bundle}"
+                )
+            elif stable.bundle == changed.bundle:
+                click.echo(
+                    "  both ran on the same server (only the request changed): one bundle holds "
+                    "both logs"
+                )
     elif result.verdict == "baseline-fails" and result.records:
         first = result.records[0]
         click.echo(f"  bundle: {out_dir / (first.bundle or '?')}")
