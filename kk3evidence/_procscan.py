@@ -98,6 +98,25 @@ def process_tree(root_pid: int, proc_root: str = "/proc") -> list[int]:
     return sorted(p for p in found if p in parents or p == root_pid)
 
 
+def group_members(pgid: int, proc_root: str = "/proc") -> list[int] | None:
+    """Live (not zombie) processes of process group ``pgid``; ``None`` without ``/proc``."""
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return None
+    out: list[int] = []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        stat = _read_text(f"{proc_root}/{entry}/stat")
+        if not stat:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()
+        if len(rest) >= 3 and rest[0] not in ("Z", "X") and int(rest[2]) == pgid:
+            out.append(int(entry))
+    return sorted(out)
+
+
 def mapped_objects(maps_text: str) -> set[str]:
     """Paths of the shared objects in one ``/proc/PID/maps`` text."""
     out: set[str] = set()

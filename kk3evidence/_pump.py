@@ -101,8 +101,9 @@ class LineRecorder:
         max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         on_first_loss: Callable[[str], None] | None = None,
     ) -> None:
-        self._log = log
-        self._index = index
+        self._log = _unbuffered(log)
+        self._index = _unbuffered(index)
+        self._streams = (log, index)
         self._redact = redact
         self._max_queue = max_queue_bytes
         self._on_first_loss = on_first_loss
@@ -165,10 +166,24 @@ class LineRecorder:
                 self._queued = 0
             for stream, data, wall, mono in batch:
                 self._take(stream, data, wall, mono)
+            # Each batch reaches the OS at once: a SIGKILLed shim loses nothing it wrote.
+            self._flush()
         for stream in (0, 1):
             if self._partial[stream]:
                 self._emit(stream, self._partial[stream], time.time_ns(), time.monotonic_ns())
                 self._partial[stream] = b""
+        self._flush()
+
+    def _flush(self) -> None:
+        names = ("logs/combined.log", "logs/lines.tsv")
+        for member, stream in zip(names, self._streams, strict=True):
+            flush = getattr(stream, "flush", None)
+            if flush is None:
+                continue
+            try:
+                flush()
+            except (OSError, ValueError) as exc:
+                self._lose(_describe(exc), 0, 0, member=member)
 
     def _take(self, stream: int, data: bytes | None, wall: int, mono: int) -> None:
         if data is None:  # EOF: the last partial line is a line of its own
@@ -207,10 +222,10 @@ class LineRecorder:
         self._safe_write(self._index, rows.encode("ascii"), "logs/lines.tsv", n)
 
     def _safe_write(
-        self, stream: BinaryIO | Writable, data: bytes, member: str, lines: int
+        self, write: Callable[[bytes], object], data: bytes, member: str, lines: int
     ) -> bool:
         try:
-            stream.write(data)
+            write(data)
         except (OSError, ValueError) as exc:
             reason = _describe(exc)
             self._lose(reason, len(data), lines, member=member)
@@ -232,6 +247,18 @@ class LineRecorder:
                     f"cannot record output to {member} ({reason}); still passing it "
                     "through, the loss is recorded in the bundle"
                 )
+
+
+def _unbuffered(stream: BinaryIO | Writable) -> Callable[[bytes], object]:
+    """Write straight to the file descriptor when there is one (nothing held in a buffer)."""
+    try:
+        fd = stream.fileno()  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):
+        return stream.write
+    flush = getattr(stream, "flush", None)
+    if flush is not None:
+        flush()
+    return fd_writer(fd)
 
 
 def _describe(exc: BaseException) -> str:

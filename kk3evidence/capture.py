@@ -41,11 +41,12 @@ from typing import Any
 
 from . import fingerprint as fpmod
 from . import probe
-from ._procscan import LibraryScanner
+from ._procscan import LibraryScanner, group_members
 from ._pump import LineRecorder, Pump
 from .errors import CaptureError, InputError, Kk3Error, UsageError
 from .model import STAGES
 
+LOG_MEMBER = "logs/combined.log"
 LAUNCH_SCHEMA = "kk3evidence/launch/v1"
 NOTES_SCHEMA = "kk3evidence/notes/v1"
 PREFIX_PROBE_SCHEMA = "kk3evidence/prefix-probe/v1"
@@ -154,63 +155,15 @@ def _open_writer(staging: Path, redactor: Any) -> Any:
 
 
 def _new_redactor() -> Any:
-    try:
-        from .redact import Redactor
-    except ImportError:  # pragma: no cover - until the redact module lands
-        return _InterimRedactor()
-    return Redactor()
+    from .redact import Redactor
 
-
-class _InterimRedactor:
-    """Stand-in with the same methods as ``redact.Redactor`` (used only if it is missing)."""
-
-    _SECRET = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD)", re.I)
-    _TEXT = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,})")
-
-    def __init__(self) -> None:
-        self._map: dict[str, str] = {}
-
-    def _ph(self, kind: str, value: str) -> str:
-        if value not in self._map:
-            self._map[value] = f"<redacted:{kind}#{len(self._map) + 1}>"
-        return self._map[value]
-
-    def env(self, env: Mapping[str, str]) -> dict[str, str]:
-        return {k: self._ph("env", v) if self._SECRET.search(k) else v for k, v in env.items()}
-
-    def argv(self, argv: Sequence[str]) -> list[str]:
-        out: list[str] = []
-        hide = False
-        for a in argv:
-            out.append(self._ph("argv", a) if hide else a)
-            hide = a in ("--api-key", "--hf-token", "--header")
-        return out
-
-    def headers(self, headers: Mapping[str, str]) -> dict[str, str]:
-        return {
-            k: self._ph("header", v) if k.lower() == "authorization" else v
-            for k, v in headers.items()
-        }
-
-    def text(self, text: str) -> str:
-        return self._TEXT.sub(lambda m: self._ph("text", m.group(0)), text)
-
-    def records(self) -> list[dict[str, Any]]:
-        return [
-            {"placeholder": p, "kind": p[10:].split("#")[0], "where": []}
-            for p in self._map.values()
-        ]
+    return Redactor.with_user_key()
 
 
 def _bytes_redactor(redactor: Any) -> Callable[[bytes], bytes]:
-    fn = getattr(redactor, "text_bytes", None) or getattr(redactor, "bytes", None)
-    if callable(fn):
-        return fn  # type: ignore[no-any-return]
-
     def redact(block: bytes) -> bytes:
-        text = block.decode("utf-8", "surrogateescape")
-        out = redactor.text(text)
-        return block if out == text else str(out).encode("utf-8", "surrogateescape")
+        out: bytes = redactor.text(block, where=LOG_MEMBER)
+        return out
 
     return redact
 
@@ -277,6 +230,9 @@ class _Run:
             self.kill_group(signal.SIGKILL)
         else:
             self.kill_group(signum)
+            name = signal.Signals(signum).name
+            hint = "; Ctrl-C again kills its process group" if signum == signal.SIGINT else ""
+            self.say(f"{name} forwarded to the command{hint}")
 
     def kill_group(self, signum: int) -> bool:
         if self.pgid is None:
@@ -290,6 +246,9 @@ class _Run:
     def group_alive(self) -> bool:
         if self.pgid is None:
             return False
+        members = group_members(self.pgid)
+        if members is not None:  # zombies (an init that does not reap) do not count
+            return bool(members)
         try:
             os.killpg(self.pgid, 0)
         except ProcessLookupError:
@@ -356,6 +315,9 @@ def run_capture(
     run = _Run(opts, say, writer=writer, redactor=redactor, argv=argv, env=env)
     run.request_body = request_body
 
+    # Learn every secret first (the whole environment, argv), so log lines that echo one are
+    # redacted from the first byte on.
+    redactor.env(env, where="environment")
     shown_argv = list(redactor.argv(argv))
     serve = run.serve = _serve_info(argv)
     want_probe = opts.probe if opts.probe is not None else (serve is not None or bool(opts.url))
@@ -785,6 +747,8 @@ def _probe(run: _Run) -> None:
 
 def _save_request(run: _Run, rec: dict[str, Any]) -> None:
     member = f"requests/{rec['name']}.json"
+    for key in ("request_body", "response_body"):
+        rec[key] = run.redactor.json(rec[key], where=f"{member}:{key}")
     _safe(run, member, functools.partial(run.writer.write_json, member, rec))
 
 
