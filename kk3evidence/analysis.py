@@ -34,7 +34,8 @@ MAX_LINE = 1024 * 1024  # longer lines are cut (the head is analysed, the rest s
 MAX_HITS = 5000  # classified failure/consequence lines kept (memory stays flat)
 MAX_CONTEXTS = 200  # failure lines whose surrounding lines are kept for the report
 
-_STRUCTURAL_ANCHORS = (TB_HEADER,)
+# Not rule anchors: they start traceback tracking (frames of an excerpt may lack the header).
+_STRUCTURAL_ANCHORS = (TB_HEADER, 'File "')
 _BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 _LOG_MEMBER = "logs/combined.log"
 

@@ -74,13 +74,16 @@ class Resolution:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def stage_in_progress(line_no: int, evidence: dict[str, StageEvidence]) -> str:
+def stage_in_progress(
+    line_no: int, evidence: dict[str, StageEvidence], default: str | None = None
+) -> str:
     """The furthest stage (time order) whose first evidence is before ``line_no``; after the
-    API server is ready, the run is serving."""
-    best = "container_init"
-    for stage, ev in evidence.items():
-        if ev.first_line < line_no and _T[stage] > _T[best]:
-            best = stage
+    API server is ready, the run is serving. With no evidence at all: ``default`` (the rule's
+    own stage) or ``container_init``."""
+    seen = [s for s, ev in evidence.items() if ev.first_line < line_no]
+    if not seen:
+        return default or "container_init"
+    best = max(seen, key=lambda s: _T[s])
     if best == "api_ready":
         ev = evidence["api_ready"]
         if ev.completed_at is not None and ev.completed_at < line_no:
@@ -119,9 +122,19 @@ def resolve(
         kept.append(h)
 
     stage_of: dict[int, str] = {}
+    ready = evidence.get("api_ready")
+    serving = evidence.get("serving")
+    ready_at = ready.completed_at if ready is not None else None
+    if serving is not None and (ready_at is None or serving.first_line < ready_at):
+        ready_at = serving.first_line
     for h in kept:
-        if h.rule.fallback or not h.rule.stage:
-            stage_of[h.line.line_no] = stage_in_progress(h.line.line_no, evidence)
+        no = h.line.line_no
+        if ready_at is not None and ready_at < no:
+            # After the API server answered (or requests were served), whatever fails happens
+            # while serving.
+            stage_of[no] = "serving"
+        elif (h.rule.fallback and h.rule.scope == "exception") or not h.rule.stage:
+            stage_of[no] = stage_in_progress(no, evidence, default=h.rule.stage)
 
     roots: list[Classified] = []
     first_by_rule: dict[str, Classified] = {}

@@ -304,7 +304,13 @@ _SYSLOG_RE = re.compile(
     r"^(?P<ts>[A-Z][a-z]{2}\s+\d{1,2}\s+\d{2}:\d{2}:\d{2})\s+(?P<host>\S+)\s+"
     r"(?P<unit>[A-Za-z0-9_.@/-]+)(?:\[(?P<pid>\d+)\])?:\s?"
 )
-_COMPOSE_RE = re.compile(r"^(?P<svc>[A-Za-z0-9][A-Za-z0-9_.-]*)\s+\|\s?")
+# docker compose "svc-1  | ", Buildkite "  | " (no name)
+_COMPOSE_RE = re.compile(r"^(?:(?P<svc>[A-Za-z0-9][A-Za-z0-9_.-]*)\s+|\s*)\|\s?")
+_BRACKET_TS_RE = re.compile(
+    r"^\[(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\]\s+"
+)
+# Colour codes whose ESC byte was lost (pasted logs): " [36m(RayWorkerVllm pid=1) [0m ..."
+_ANSI_REMNANT_RE = re.compile(r"(?<![\w\]])\[(?:\d{1,3}(?:;\d{1,3})*)?m(?![\w])")
 
 # Producer prefixes.
 _VLLM_PROC_RE = re.compile(
@@ -313,19 +319,19 @@ _VLLM_PROC_RE = re.compile(
 )
 _NAME_RANK_RE = re.compile(r"(?:rank=|_TP|\bTP|[Rr]ank)(\d+)(?!.*(?:rank=|TP)\d)|-(\d+)$")
 _VLLM_LEVEL_RE = re.compile(
-    r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
+    r"^\s*(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
     r"(?P<ts>\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2}(?:\.\d+)?)\s+"
     r"\[?(?P<src>[A-Za-z0-9_.\-/]+:\d+)\]\s?"
 )
 _RANK_TAG_RE = re.compile(r"^\[[Rr]ank\s*(?P<rank>\d+)\]:?\s?")
 _TORCHRUN_RE = re.compile(r"^\[(?:[Rr]ank|default)(?P<rank>\d+)\]:\s?")
 _TORCH_CPP_RE = re.compile(
-    r"^\[(?P<level>[DIWEF])(?:(?P<date>\d{4})\s+(?P<time>\d{2}:\d{2}:\d{2}(?:\.\d+)?))?"
+    r"^\s*\[(?P<level>[DIWEF])(?:(?P<date>\d{4})\s+(?P<time>\d{2}:\d{2}:\d{2}(?:\.\d+)?))?"
     r"(?:\s+(?P<tid>\d+))?\s+(?P<src>[A-Za-z0-9_.\-/]+:\d+)\]\s?"
 )
 _NCCL_RE = re.compile(
     r"^(?P<host>[A-Za-z0-9_.\-]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>[^\]]*)\]\s+"
-    r"(?=NCCL\s+(?P<level>INFO|WARN|ERROR|TRACE)\b)"
+    r"(?:[A-Za-z0-9_./\-]+\.(?:cc|cpp|h|c):\d+\s+)?(?=NCCL\s+(?P<level>INFO|WARN|ERROR|TRACE)\b)"
 )
 _UVICORN_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _PYLOG_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<name>[\w.]+):")
@@ -343,6 +349,8 @@ def decode_line(raw: bytes | str) -> str:
         text = _ANSI_RE.sub("", text)
     if "\x00" in text:
         text = text.replace("\x00", "")
+    if "[0m" in text:
+        text = _ANSI_REMNANT_RE.sub("", text).lstrip()
     return text
 
 
@@ -356,13 +364,18 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
     # Collector wrappers, possibly nested (compose around ISO timestamps, etc.)
     for _ in range(3):
         m = _COMPOSE_RE.match(rest)
-        if m and "|" in rest[: m.end()]:
-            wrapper = m.group("svc")
+        if m:
+            wrapper = m.group("svc") or "|"
             rest = rest[m.end() :]
             continue
         m = _K8S_ISO_RE.match(rest)
         if m:
             timestamp = m.group(0).split()[0]
+            rest = rest[m.end() :]
+            continue
+        m = _BRACKET_TS_RE.match(rest)
+        if m:
+            timestamp = m.group("ts")
             rest = rest[m.end() :]
             continue
         m = _SYSLOG_RE.match(rest)
@@ -460,6 +473,7 @@ TB_HEADER = "Traceback (most recent call last):"
 TB_DIRECT_CAUSE = "The above exception was the direct cause of the following exception:"
 TB_DURING_HANDLING = "During handling of the above exception, another exception occurred:"
 
+_FRAME_RE = re.compile(r"^\s+File \"[^\"]*\", line \d+")
 # A traceback left open this many lines without a line from its process is closed.
 _STALE_LINES = 400
 # After an exception line, a chain separator may follow within this many lines of the process.
@@ -533,6 +547,17 @@ class TracebackTracker:
             role = "header" if stripped == TB_HEADER else "lead"
             return _with_tb(line, role, st.chain, st.index)
 
+        if (st is None or st.phase != "frames") and _FRAME_RE.match(body):
+            # A frame without a header (an excerpt, or a header we did not see): track it.
+            if st is None or st.phase == "after_exc":
+                chain = self._next_chain
+                self._next_chain += 1
+                st = _TbState(chain=chain, index=0, phase="frames", last_seen=line.line_no)
+                self._open[key] = st
+                self.chain_links[chain] = [None]
+            st.phase = "frames"
+            st.last_seen = line.line_no
+            return _with_tb(line, "frame", st.chain, st.index)
         if st is None:
             return line
         st.last_seen = line.line_no

@@ -163,6 +163,24 @@ ENVELOPES = [
     ),
     ("\x1b[32mINFO\x1b[0m 05-10 12:00:00 [a.py:1] coloured", {"level": "INFO", "body": "coloured"}),
     ("Traceback (most recent call last):", {"process": None, "level": None}),
+    (
+        "  | ERROR 07-01 13:54:43 multiproc_worker_utils.py:120] Worker pid 1159 died",
+        {"wrapper": "|", "level": "ERROR", "body": "Worker pid 1159 died"},
+    ),
+    (
+        "[2026-11-30 02:37:07] vm:1635:1635 [1] graph/tuning.cc:104 NCCL WARN Unrecognized token",
+        {"timestamp": "2026-11-30 02:37:07", "process": "vm:1635", "level": "WARNING",
+         "body": "NCCL WARN Unrecognized token"},
+    ),
+    (
+        " [36m(RayWorkerVllm pid=5085) [0m [E ProcessGroupNCCL.cpp:475] [Rank 4] Watchdog caught",
+        {"process": "RayWorkerVllm pid=5085", "level": "ERROR", "rank": 4,
+         "body": "Watchdog caught"},
+    ),
+    (
+        "(EngineCore_DP0 pid=6880) ValueError: boom",
+        {"process": "EngineCore_DP0 pid=6880", "level": None, "body": "ValueError: boom"},
+    ),
 ]
 
 
@@ -228,6 +246,19 @@ def test_chained_traceback_roles_and_chain_positions() -> None:
     assert roles[7] == ("header", 0, 1)
     assert roles[9] == ("exception", 0, 1)
     assert roles[10][0] is None
+
+
+def test_frames_without_a_header_open_a_traceback() -> None:
+    p = "(EngineCore pid=316) "
+    log = [
+        p + '  File "/x/core.py", line 144, in __init__',
+        p + "    kv = self._initialize_kv_caches(cfg)",
+        p + "    ...<6 lines>...",
+        "v_caches",  # a hard-wrapped tail of the previous line (another key): ignored
+        p + "ValueError: To serve at least one request",
+    ]
+    roles = [r[0] for r in _roles(log)]
+    assert roles == ["frame", "frame", "frame", None, "exception"]
 
 
 def test_tracebacks_are_tracked_per_process_and_pydantic_detail_lines_kept() -> None:
