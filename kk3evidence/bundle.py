@@ -857,29 +857,9 @@ class Bundle:
             return
         max_line = self.limits.max_line_bytes
         with self.open_member(name) as fp:
-            pending = b""
-            while True:
-                chunk = fp.read(CHUNK)
-                if not chunk:
-                    break
-                buf = pending + chunk if pending else chunk
-                start = 0
-                while True:
-                    nl = buf.find(b"\n", start)
-                    if nl < 0:
-                        break
-                    if nl + 1 - start <= max_line:
-                        yield buf[start : nl + 1]
-                    else:
-                        for i in range(start, nl + 1, max_line):
-                            yield buf[i : min(i + max_line, nl + 1)]
-                    start = nl + 1
-                pending = buf[start:]
-                while len(pending) >= max_line:
-                    yield pending[:max_line]
-                    pending = pending[max_line:]
-            if pending:
-                yield pending
+            # BufferedReader.readline splits on b"\n" only, in C; the limit caps huge lines.
+            while line := fp.readline(max_line):
+                yield line
 
 
 def open_bundle(path: str | os.PathLike[str], *, limits: Limits | None = None) -> Bundle:

@@ -604,3 +604,18 @@ def test_validate_as_a_real_subprocess_never_prints_a_traceback(tmp_path: Path) 
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "valid" in proc.stdout
+
+
+def test_repetitive_real_logs_are_not_mistaken_for_a_bomb(tmp_path: Path) -> None:
+    line = (
+        "(APIServer pid=15538) WARNING 11-30 01:47:%02d [system_utils.py:255] "
+        "Waiting for engine core to start, retrying\n"
+    )
+    log = "".join(line % (i // 50 % 60) for i in range(80_000)).encode()
+    path = write_bundle(tmp_path / "repetitive.tar.gz", log=log)
+    assert path.stat().st_size * 100 < len(log)  # really compresses a lot
+    small_grace = Limits(ratio_grace_bytes=2**20)
+    assert validate(path, limits=small_grace) == []
+
+    bomb = write_bundle(tmp_path / "zeros.tar.gz", log=b"\0" * len(log))
+    assert [p.code for p in validate(bomb, limits=small_grace)] == ["compression-bomb"]
