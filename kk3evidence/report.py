@@ -304,6 +304,8 @@ def _response_excerpt(body: Any) -> str:
             ch = choices[0]
             msg = ch.get("message") if isinstance(ch.get("message"), Mapping) else None
             content = msg.get("content") if msg else ch.get("text")
+            if isinstance(content, str):
+                content = _truncate(content, 400)
             slim = {"content": content, "finish_reason": ch.get("finish_reason")}
             return json.dumps(slim, ensure_ascii=False, indent=2)
         return _truncate(json.dumps(body, ensure_ascii=False, indent=2), 1200)

