@@ -30,6 +30,8 @@ from bundle_factory import (
     write_bundle,
 )
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kk3evidence.bundle import Limits, best_problem, open_bundle, validate
 from kk3evidence.cli import main
@@ -619,3 +621,47 @@ def test_repetitive_real_logs_are_not_mistaken_for_a_bomb(tmp_path: Path) -> Non
 
     bomb = write_bundle(tmp_path / "zeros.tar.gz", log=b"\0" * len(log))
     assert [p.code for p in validate(bomb, limits=small_grace)] == ["compression-bomb"]
+
+
+_GOOD: dict[str, bytes] = {}
+
+
+def _good_bytes(kind: str) -> bytes:
+    if kind not in _GOOD:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            _GOOD[kind] = write_bundle(Path(d) / f"good{kind}").read_bytes()
+    return _GOOD[kind]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kind=st.sampled_from([".tar", ".tar.gz"]),
+    edits=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), max_size=4),
+    cut=st.one_of(st.none(), st.floats(0, 1)),
+)
+def test_mutated_bundles_never_crash_the_reader(
+    kind: str, edits: list[tuple[float, int]], cut: float | None
+) -> None:
+    import tempfile
+
+    data = bytearray(_good_bytes(kind))
+    for where, value in edits:
+        data[min(int(where * len(data)), len(data) - 1)] = value
+    if cut is not None:
+        data = data[: int(cut * len(data))]
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / f"mutated{kind}"
+        path.write_bytes(bytes(data))
+        problems = validate(path)
+        for p in problems:
+            assert "\n" not in str(p) and p.code
+        if problems:
+            with pytest.raises(BundleError):
+                open_bundle(path)
+        else:
+            with open_bundle(path) as b:
+                for _ in b.iter_log_lines():
+                    pass
+        assert sorted(x.name for x in Path(d).iterdir()) == [path.name]
