@@ -114,3 +114,15 @@ def test_seal_cli_refuses_what_is_not_a_staging_folder(tmp_path: Path) -> None:
         assert result.exit_code == 4
         assert "kk3evidence: error:" in result.output
         assert not (tmp_path / f"{target.name}.tar").exists()
+
+
+def test_hostile_text_cannot_drive_the_terminal(tmp_path: Path) -> None:
+    files = valid_files()
+    files["notes.json"] = json.dumps(
+        {"schema": "kk3evidence/notes/v1", "notes": "\u202eevil\x1b[2J", "changes": []}
+    ).encode()
+    path = build_tar(tmp_path / "bidi.tar", valid_raw_members(files))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 4
+    assert "notes.json $.notes" in result.output
+    assert "\u202e" not in result.output and "\x1b" not in result.output

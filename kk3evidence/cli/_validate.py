@@ -13,7 +13,18 @@ from kk3evidence.model import Problem
 from ._common import echo_json, handle_errors
 
 
+def _printable(text: str) -> str:
+    """Escape what could fool a terminal (control characters, bidi overrides) in our output."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def _line(problem: Problem) -> str:
+    return _printable(_raw_line(problem))
+
+
+def _raw_line(problem: Problem) -> str:
     line = str(problem)
     details = []
     if problem.expected is not None:
@@ -52,7 +63,9 @@ def command(bundle: str, as_json: bool) -> None:
             n = len(problems)
             best = best_problem(problems)
             click.echo(
-                f"{bundle}: INVALID, {n} problem{'s' if n != 1 else ''}; most relevant: {best}"
+                _printable(
+                    f"{bundle}: INVALID, {n} problem{'s' if n != 1 else ''}; most relevant: {best}"
+                )
             )
         else:
             click.echo(f"{bundle}: valid kk3evidence bundle")
