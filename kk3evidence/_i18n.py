@@ -482,5 +482,5 @@ def text(lang: Lang, key: str, **fields: object) -> str:
     return template.format(**fields) if fields else template.replace("{{", "{").replace("}}", "}")
 
 
-def keys() -> list[str]:
+def catalog_keys() -> list[str]:
     return sorted(_CATALOG)

@@ -64,7 +64,7 @@ def gpu_fingerprint(*, n_gpus: int = 8, driver: str = "580.82.07", cuda_driver: 
     fp["libraries"] = [
         {"name": "libcuda.so.1", "path": "/usr/lib/x86_64-linux-gnu/libcuda.so." + driver,
          "version": driver, "pids": [101]},
-        {"name": "libcudart.so." + torch_cuda.split(".")[0],
+        {"name": "libcudart.so." + torch_cuda.split(".", maxsplit=1)[0],
          "path": "/usr/local/lib/python3.12/dist-packages/nvidia/cuda_runtime/lib/libcudart.so",
          "version": torch_cuda + ".48", "pids": [101]},
     ]

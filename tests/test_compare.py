@@ -7,9 +7,9 @@ import io
 import json
 from pathlib import Path
 
+from _handoff_fixtures import gpu_fingerprint, run, write
 from click.testing import CliRunner
 
-from _handoff_fixtures import gpu_fingerprint, run, write
 from kk3evidence.cli import main
 from kk3evidence.compare import compare
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from _handoff_fixtures import gpu_fingerprint, run, write
 from click.testing import CliRunner
 
-from _handoff_fixtures import gpu_fingerprint, run, write
 from kk3evidence.cli import main
 from kk3evidence.compat import _CHECKS, check, load_compat_rules, parse_version, recipes
 from kk3evidence.errors import UsageError

@@ -6,11 +6,11 @@ import copy
 import json
 from pathlib import Path
 
+from _handoff_fixtures import BASE_ARGV, CPU_FINGERPRINT, gpu_fingerprint, run, write
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _handoff_fixtures import BASE_ARGV, CPU_FINGERPRINT, gpu_fingerprint, run, write
 from kk3evidence.cli import main
 from kk3evidence.diff import diff
 

@@ -11,13 +11,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from _handoff_fixtures import BASE_ARGV, gpu_fingerprint, run, write
 from click.testing import CliRunner
 
-from _handoff_fixtures import BASE_ARGV, gpu_fingerprint, run, write
 from kk3evidence import _i18n
 from kk3evidence.cli import main
-from kk3evidence.report import evaluate_checklist, render_report
 from kk3evidence.diff import diff
+from kk3evidence.report import evaluate_checklist, render_report
 
 IN_CI = os.environ.get("CI") == "true"
 K3 = ["vllm", "serve", "moonshotai/Kimi-K3", "--tensor-parallel-size", "8",
@@ -118,7 +118,7 @@ def test_korean_hand_off(tmp_path: Path) -> None:
 
 def test_i18n_catalog_has_both_languages_with_same_fields() -> None:
     fmt = string.Formatter()
-    for key in _i18n.keys():
+    for key in _i18n.catalog_keys():
         en, ko = _i18n._CATALOG[key]
         assert en and ko, key
         fields_en = {f for _, f, _, _ in fmt.parse(en) if f}
