@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import re
+import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +85,7 @@ _SECRET_FLAG = re.compile(
     r"|credentials?|private[-_]key|access[-_]key)$",
     re.IGNORECASE,
 )
+_MULTI_VALUE_FLAGS = frozenset({"--api-key"})
 _HEADER_FLAGS = frozenset({"-H", "--header", "--headers", "--http-header"})
 
 _SECRET_HEADERS = frozenset(
@@ -229,6 +232,8 @@ class Redactor:
                 tag = ":" + hmac.new(self._key, value, hashlib.sha256).hexdigest()[:12]
             ph = f"<redacted:{clean[:48]}#{self._n}{tag}>"
             self._by_value[value] = ph
+            for variant in _variants(value):
+                self._by_value.setdefault(variant, ph)
             self._records[ph] = _Record(ph, label)
             if len(value) >= self._min_known and value.lower() not in _TRIVIAL_BYTES:
                 self._compiled = None  # learn it: it is now searched for in text
@@ -291,8 +296,14 @@ class Redactor:
                 elif flag in _HEADER_FLAGS:
                     out[i] = f"{flag}={self._header_line(val, here)}"
             elif is_secret_flag(word) and i + 1 < len(out) and not out[i + 1].startswith("--"):
-                out[i + 1] = self.value(out[i + 1], word.lstrip("-"), where=f"{where}[{i + 1}]")
-                i += 1
+                # vLLM's --api-key takes one or more keys (nargs="+"); the others take one.
+                last = i + 1
+                if word in _MULTI_VALUE_FLAGS:
+                    while last + 1 < len(out) and not out[last + 1].startswith("-"):
+                        last += 1
+                for j in range(i + 1, last + 1):
+                    out[j] = self.value(out[j], word.lstrip("-"), where=f"{where}[{j}]")
+                i = last
             elif word in _HEADER_FLAGS and i + 1 < len(out):
                 out[i + 1] = self._header_line(out[i + 1], f"{where}[{i + 1}]")
                 i += 1
@@ -434,3 +445,18 @@ class Redactor:
 
 
 _TRIVIAL_BYTES = frozenset(v.encode() for v in _TRIVIAL_VALUES)
+
+
+def _variants(value: bytes) -> set[bytes]:
+    """Other spellings of a secret that logs and JSON produce: JSON-escaped, URL-quoted."""
+    out: set[bytes] = set()
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return out
+    out.add(json.dumps(text)[1:-1].encode())
+    out.add(json.dumps(text, ensure_ascii=False)[1:-1].encode())
+    out.add(urllib.parse.quote(text, safe="").encode())
+    out.add(urllib.parse.quote_plus(text).encode())
+    out.discard(value)
+    return out

@@ -266,3 +266,23 @@ def test_secret_headers() -> None:
     assert is_secret_header("Authorization") and is_secret_header("proxy-authorization")
     assert is_secret_header("Cookie") and is_secret_header("X-Api-Key")
     assert not is_secret_header("Content-Type") and not is_secret_header("Accept")
+
+
+def test_api_key_with_several_values_redacts_them_all() -> None:
+    r = Redactor()
+    out = r.argv(["vllm", "serve", "m", "--api-key", "first-key-1", "second-key-2", "--port", "1"])
+    assert out[3] == "--api-key"
+    assert out[4].startswith("<redacted:") and out[5].startswith("<redacted:")
+    assert out[6:] == ["--port", "1"]
+    # Other secret flags take exactly one value.
+    out = r.argv(["x", "--token", "tok-123456", "positional"])
+    assert out[3] == "positional"
+
+
+def test_escaped_spellings_of_a_known_secret_are_redacted_too() -> None:
+    r = Redactor()
+    secret = 'p@ss:w/rd"quoted\\x'
+    ph = r.value(secret, "DB_PASSWORD", where="env")
+    for spelling in (json.dumps(secret)[1:-1], "p%40ss%3Aw%2Frd%22quoted%5Cx"):
+        line = f"config {spelling} end\n".encode()
+        assert r.text(line) == f"config {ph} end\n".encode()
