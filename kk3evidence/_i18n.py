@@ -129,17 +129,18 @@ _CATALOG: dict[str, tuple[str, str]] = {
     # --- command ------------------------------------------------------------------------
     "cmd_as_run": ("Command as run (secrets redacted):", "실제로 실행한 명령 (비밀값 가림):"),
     "cmd_minimal": (
-        "Minimal command (feature flags removed; restore them one at a time):",
-        "최소 명령 (기능 인자 제거; 하나씩 복구하십시오):",
+        "Minimal command (only what starting the engine needs):",
+        "최소 명령 (엔진 시작에 필요한 인자만):",
     ),
     "cmd_is_minimal": (
         "The command carries no feature flags beyond what start-up needs: it is already the "
         "minimal command.",
         "시작에 필요한 인자 외의 기능 인자가 없습니다. 이미 최소 명령입니다.",
     ),
-    "cmd_features": (
-        "Feature flags to restore one at a time: {flags}",
-        "하나씩 복구할 기능 인자: {flags}",
+    "cmd_removed": (
+        "Left out of the minimal command (restore one per round, as `kk3evidence minimize` "
+        "plans it):",
+        "최소 명령에서 뺀 인자 (`kk3evidence minimize` 계획처럼 회차마다 하나씩 복구):",
     ),
     "cmd_none": ("No launch command in the bundle.", "번들에 시작 명령이 없습니다."),
     # --- request ------------------------------------------------------------------------

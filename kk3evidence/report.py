@@ -28,7 +28,7 @@ from ._i18n import CHECKLIST, LANGS, Lang, text
 from ._version import __version__
 from .compat import CheckResult, check_evidence, container_cuda
 from .diff import DiffResult, diff_evidence, request_signature, serve_command
-from .errors import UsageError
+from .errors import Kk3Error, UsageError
 from .model import STAGES
 
 __all__ = [
@@ -256,22 +256,41 @@ def fingerprint_rows(ev: Evidence, lang: Lang) -> list[tuple[str, str, str]]:
     ]
 
 
-def feature_flags(ev: Evidence) -> list[str]:
-    cmd = serve_command(ev.argv)
-    if cmd is None:
-        return []
-    return [f"--{name}" for name in cmd.flags if name in FEATURE_FLAGS]
+@dataclass(frozen=True, slots=True)
+class RemovedFlag:
+    flag: str  # "--enable-prefix-caching"
+    cls: str  # minimize's class: feature, load, business-wrapper, multi-node, observability...
+    why: str
 
 
-def minimal_command(ev: Evidence) -> str | None:
-    """The start command without feature flags (and without the port chosen for this run)."""
+def minimal_command(ev: Evidence) -> tuple[str | None, tuple[RemovedFlag, ...]]:
+    """The minimal start command (as ``kk3evidence minimize`` computes it) and what it drops.
+
+    Returns ``(None, ())`` when the argv is not a ``vllm serve`` command.
+    """
     from . import vllm_args
 
     cmd = serve_command(ev.argv)
     if cmd is None:
-        return None
-    flags = [f.removeprefix("--") for f in feature_flags(ev)]
-    return vllm_args.render_shell(cmd.replace(drop=flags)) if flags else None
+        return None, ()
+    try:
+        from .minimize import minimize
+
+        m = minimize(list(ev.argv))
+    except (ImportError, Kk3Error):
+        # minimize unavailable or the command names no model: drop the known feature flags
+        flags = [f for f in cmd.flags if f in FEATURE_FLAGS]
+        removed = tuple(RemovedFlag(f"--{f}", "feature", "adds a feature on top of a plain "
+                                    "start") for f in flags)
+        return vllm_args.render_shell(cmd.replace(drop=flags)), removed
+    removed = tuple(RemovedFlag(f"--{r.name}", r.cls, r.why) for r in m.removed)
+    return vllm_args.render_shell(m.minimal), removed
+
+
+def feature_flags(ev: Evidence) -> list[str]:
+    """Flags that are business extras in a start command (features, wrapper options)."""
+    _, removed = minimal_command(ev)
+    return [r.flag for r in removed if r.cls in ("feature", "business-wrapper")]
 
 
 def _command(ev: Evidence, lang: Lang) -> list[Block]:
@@ -281,12 +300,14 @@ def _command(ev: Evidence, lang: Lang) -> list[Block]:
 
     out: list[Block] = [Para(text(lang, "cmd_as_run")),
                         Code(" ".join(shlex.quote(a) for a in ev.argv), "bash")]
-    minimal = minimal_command(ev)
-    if minimal:
+    minimal, removed = minimal_command(ev)
+    if minimal is None:
+        return out
+    if removed:
         out += [Para(text(lang, "cmd_minimal")), Code(minimal, "bash"),
-                Para(text(lang, "cmd_features", flags=", ".join(
-                    f"`{f}`" for f in feature_flags(ev))))]
-    elif serve_command(ev.argv) is not None:
+                Para(text(lang, "cmd_removed")),
+                Bullets(tuple(f"`{r.flag}` ({r.cls}): {r.why}" for r in removed))]
+    else:
         out.append(Para(text(lang, "cmd_is_minimal")))
     return out
 

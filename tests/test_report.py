@@ -40,7 +40,8 @@ def test_markdown_has_every_hand_off_section(tmp_path: Path) -> None:
     # the first causal line, found by the real analyzer, is marked among its neighbours
     assert re.search(r">>\s+5\s+\(Worker pid=15700\) ERROR .*Cannot find any model weights", md)
     assert "exactly one variable changed: `--enable-prefix-caching`" in md
-    assert "Minimal command (feature flags removed" in md
+    assert "Minimal command (only what starting the engine needs)" in md
+    assert "`--enable-prefix-caching` (feature)" in md
     assert md.count("| [") == 11  # the 11 checklist rows
 
 
