@@ -125,6 +125,10 @@ _CATALOG: dict[str, tuple[str, str]] = {
     "fp_libs": ("Libraries loaded by the server", "서버가 실제로 읽은 라이브러리"),
     "fp_env": ("Environment variables", "환경 변수"),
     "fp_collected": ("Collected at", "수집 시각"),
+    "fp_in_use": ("in use {size}", "사용 중 {size}"),
+    "fp_cpu_value": ("{n} CPUs, {mem}", "CPU {n}개, {mem}"),
+    "line_no": ("line {n}", "{n}번째 줄"),
+    "warning": (" (warning)", " (경고)"),
     "fp_no_gpu": ("none (NVML: {source})", "없음 (NVML: {source})"),
     # --- command ------------------------------------------------------------------------
     "cmd_as_run": ("Command as run (secrets redacted):", "실제로 실행한 명령 (비밀값 가림):"),

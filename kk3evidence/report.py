@@ -218,7 +218,7 @@ def fingerprint_rows(ev: Evidence, lang: Lang) -> list[tuple[str, str, str]]:
             names[key] = names.get(key, 0) + 1
         gpus = ", ".join(f"{n}x {k}" for k, n in names.items())
         used = sum(int(d.get("memory_used_bytes") or 0) for d in devices)
-        gpus += f"; in use {_gib(used)}"
+        gpus += "; " + text(lang, "fp_in_use", size=_gib(used))
     else:
         gpus = text(lang, "fp_no_gpu", source=_get(fp, "gpus.source") or "?")
     libs = [f"{lib.get('name')} {lib.get('version') or ''}".strip()
@@ -228,8 +228,8 @@ def fingerprint_rows(ev: Evidence, lang: Lang) -> list[tuple[str, str, str]]:
     c = "fingerprint.json"
     return [
         (text(lang, "fp_host"), _v(host, lang), f"{c} host"),
-        (text(lang, "fp_cpu"), f"{_get(fp, 'host.cpu_count') or '?'} CPUs, "
-                               f"{_gib(_get(fp, 'host.mem_total_bytes'))}", f"{c} host"),
+        (text(lang, "fp_cpu"), text(lang, "fp_cpu_value", n=_get(fp, "host.cpu_count") or "?",
+                                    mem=_gib(_get(fp, "host.mem_total_bytes"))), f"{c} host"),
         (text(lang, "fp_gpus"), gpus, f"{c} gpus (NVML)"),
         (text(lang, "fp_driver"), _v(_get(fp, "gpus.driver_version"), lang), f"{c} gpus"),
         (text(lang, "fp_cuda_driver"), _v(_get(fp, "gpus.cuda_driver_version"), lang),
@@ -379,7 +379,8 @@ def _failure(ev: Evidence, lang: Lang) -> list[Block]:
     cons = (ev.analysis or {}).get("consequences") or []
     if cons:
         out.append(Para(text(lang, "fail_conseq", n=len(cons))))
-        out.append(Bullets(tuple(f"line {c.get('line_no')}: `{_truncate(str(c.get('text')), 160)}`"
+        out.append(Bullets(tuple(text(lang, "line_no", n=c.get("line_no"))
+                                 + f": `{_truncate(str(c.get('text')), 160)}`"
                                  for c in cons[:3])))
         out.append(Para(text(lang, "fail_note")))
     return out
@@ -482,8 +483,8 @@ def _compat(result: CheckResult, lang: Lang) -> list[Block]:
             if result.recipe else text(lang, "compat_generic"))
     rows = []
     for r in result.results:
-        rows.append((f"{r.rule.id} {r.rule.name}" + (" (warning)" if r.rule.level == "warning"
-                                                     else ""),
+        level = text(lang, "warning") if r.rule.level == "warning" else ""
+        rows.append((f"{r.rule.id} {r.rule.name}{level}",
                      text(lang, _STATUS_KEY[r.status]), r.reason,
                      f"{r.rule.source} ({r.rule.source_date})"))
     return [Para(head), Table((text(lang, "compat_rule"), text(lang, "compat_result"),
