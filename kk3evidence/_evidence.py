@@ -170,7 +170,9 @@ def load(path: str | Path) -> Evidence:
         except (KeyError, FileNotFoundError):
             window, tail = (), ()
         metrics: dict[str, str] = {}
-        for label in ("before", "after"):
+        labels = bundle.metrics_labels() if hasattr(bundle, "metrics_labels") else [
+            "before", "after"]
+        for label in labels:
             text = bundle.metrics(label)
             if text is not None:
                 metrics[label] = text
