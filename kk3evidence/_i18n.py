@@ -279,6 +279,12 @@ _CATALOG: dict[str, tuple[str, str]] = {
         "태그 {ref}만 기록되었습니다. 이미지 식별자를 기록하십시오 (docker inspect "
         "--format '{{{{.Id}}}}')",
     ),
+    "ck2_fail_none": (
+        "a {runtime} container was detected but neither its image tag nor its image id was "
+        "recorded; give them to capture (--image, --image-id)",
+        "{runtime} 컨테이너가 감지되었지만 이미지 태그도 이미지 식별자도 기록되지 않았습니다. "
+        "capture에 --image, --image-id로 알려 주십시오",
+    ),
     "ck2_unknown": (
         "no container detected (runtime: {runtime}); the Python environment is "
         "fingerprinted instead",

@@ -543,8 +543,10 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
     if image_id:
         results["image_id"] = ("pass", text(lang, "ck2_pass", image_id=_truncate(image_id, 24),
                                             how=_get(fp, "container.image_id_source") or "?"))
-    elif runtime or ref:
-        results["image_id"] = ("fail", text(lang, "ck2_fail", ref=ref or "?"))
+    elif ref:
+        results["image_id"] = ("fail", text(lang, "ck2_fail", ref=ref))
+    elif runtime:
+        results["image_id"] = ("fail", text(lang, "ck2_fail_none", runtime=runtime))
     else:
         results["image_id"] = ("unknown", text(lang, "ck2_unknown", runtime=runtime or "none"))
 
