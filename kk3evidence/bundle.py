@@ -64,8 +64,10 @@ BUNDLE_SCHEMA = "kk3evidence/bundle/v1"
 STAGING_SCHEMA = "kk3evidence/staging/v1"
 STAGING_MARKER = "staging.json"
 MANIFEST = "manifest.json"
-# pax header keyword on manifest.json carrying its own sha256 (the manifest cannot list itself).
-PAX_SHA256 = "KK3EVIDENCE.sha256"
+# manifest.json cannot list itself: its "self_sha256" is the sha256 of its own bytes with that
+# value replaced by 64 zeros, so any changed byte of the manifest is detected and named.
+SELF_SHA256_RE = re.compile(rb'"self_sha256"\s*:\s*"([0-9a-f]{64})"')
+_ZERO_SHA = "0" * 64
 LOG_MEMBER = "logs/combined.log"
 LINES_MEMBER = "logs/lines.tsv"
 REQUIRED_MEMBERS: tuple[str, ...] = ("fingerprint.json", "launch.json", LOG_MEMBER)
@@ -421,19 +423,11 @@ class _Scanner:
             self.seen[rest] = _Seen(
                 info.size, got, info.offset_data, b"".join(chunks) if keep else None
             )
-            recorded = info.pax_headers.get(PAX_SHA256)
-            if rest == MANIFEST and recorded is not None and recorded != got:
-                self.manifest_corrupt = True
-                yield self._emit(
-                    Problem(
-                        "sha256-mismatch",
-                        "content does not match the sha256 recorded in its tar header "
-                        "(corrupt or altered)",
-                        member=MANIFEST,
-                        expected=recorded,
-                        actual=got,
-                    )
-                )
+            if rest == MANIFEST and keep:
+                problem = _check_self_sha256(self.seen[rest].data or b"")
+                if problem is not None:
+                    self.manifest_corrupt = True
+                    yield self._emit(problem)
         if tops:
             self.top = tops[0]
         try:
@@ -1191,6 +1185,7 @@ class BundleWriter:
             red = _merge_found_placeholders(red, self.staging_dir, members)
         manifest = {
             "schema": BUNDLE_SCHEMA,
+            "self_sha256": _ZERO_SHA,
             "tool": {"name": "kk3evidence", "version": self._tool_version},
             "bundle_id": self.bundle_id,
             "created": _iso(self.created),
@@ -1203,14 +1198,14 @@ class BundleWriter:
         problems = list(_schema.iter_schema_problems("manifest", manifest, MANIFEST))
         if problems:
             raise BundleError(f"cannot finalize: {problems[0]}", list(problems))
-        manifest_bytes = _dumps(manifest)
+        manifest_bytes = _seal_self_sha256(_dumps(manifest))
         _atomic_write(self.staging_dir / MANIFEST, manifest_bytes)
-        self._write_tar(out, [MANIFEST, *members], hashlib.sha256(manifest_bytes).hexdigest())
+        self._write_tar(out, [MANIFEST, *members])
         if remove_staging:
             shutil.rmtree(self.staging_dir, ignore_errors=True)
         return out
 
-    def _write_tar(self, out: Path, members: list[str], manifest_sha256: str) -> None:
+    def _write_tar(self, out: Path, members: list[str]) -> None:
         top = f"kk3-{self.bundle_id}"
         mtime = int(self.created.timestamp())
         gz = out.name.endswith((".tar.gz", ".tgz"))
@@ -1234,8 +1229,6 @@ class BundleWriter:
                         info.mode = 0o644
                         info.uid = info.gid = 0
                         info.uname = info.gname = ""
-                        if name == MANIFEST:
-                            info.pax_headers = {PAX_SHA256: manifest_sha256}
                         with open(path, "rb") as fp:
                             tar.addfile(info, fp)
                 if gzf is not None:
@@ -1253,6 +1246,38 @@ class BundleWriter:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def _seal_self_sha256(data: bytes) -> bytes:
+    """Fill in ``self_sha256``: the sha256 of the bytes with the zero placeholder in place."""
+    digest = hashlib.sha256(data).hexdigest()
+    zero = f'"self_sha256": "{_ZERO_SHA}"'.encode()
+    if data.count(zero) != 1:
+        raise BundleError("cannot finalize: manifest self_sha256 placeholder not found once")
+    return data.replace(zero, f'"self_sha256": "{digest}"'.encode())
+
+
+def _check_self_sha256(data: bytes) -> Problem | None:
+    """A problem if manifest.json's ``self_sha256`` does not match its bytes (if present)."""
+    found = list(SELF_SHA256_RE.finditer(data))
+    if not found:
+        return None  # optional: hand-made bundles may not carry it
+    if len(found) > 1:
+        return Problem("json-duplicate-key", "has more than one self_sha256", member=MANIFEST)
+    m = found[0]
+    recorded = m.group(1).decode()
+    blanked = data[: m.start(1)] + _ZERO_SHA.encode() + data[m.end(1) :]
+    actual = hashlib.sha256(blanked).hexdigest()
+    if actual == recorded:
+        return None
+    return Problem(
+        "sha256-mismatch",
+        "content does not match its own self_sha256 (corrupt or altered)",
+        member=MANIFEST,
+        json_path="$.self_sha256",
+        expected=recorded,
+        actual=actual,
+    )
 
 
 def _member_sort_key(name: str) -> tuple[int, str]:
