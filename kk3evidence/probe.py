@@ -138,10 +138,6 @@ def wait_ready(
     last_error = "no answer yet"
     deadline = started_mono + timeout
     while True:
-        if stop.is_set():
-            return Readiness(
-                False, None, None, None, None, "api_ready not reached: capture stopped", attempts
-            )
         if not alive():
             return Readiness(
                 False,
@@ -151,6 +147,10 @@ def wait_ready(
                 None,
                 f"api_ready not reached: the program exited ({last_error})",
                 attempts,
+            )
+        if stop.is_set():
+            return Readiness(
+                False, None, None, None, None, "api_ready not reached: capture stopped", attempts
             )
         if time.monotonic() >= deadline:
             return Readiness(
