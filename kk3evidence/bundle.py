@@ -272,6 +272,8 @@ class _Scanner:
                 return
             raw = info.name
             shown = _show(raw)
+            if info.isdir() and raw.strip("/") in ("", "."):
+                continue  # the "./" entry `tar -C dir .` writes
             problem, parts = self._check_name(raw, info)
             if problem is not None:
                 yield self._emit(problem)
@@ -538,6 +540,8 @@ class _Scanner:
                 continue
             size = entry.get("size")
             sha = entry.get("sha256")
+            if isinstance(size, float) and size.is_integer():
+                size = int(size)  # 12.0 is an integer to JSON Schema too
             listed[name] = (
                 size if isinstance(size, int) and not isinstance(size, bool) else None,
                 sha if isinstance(sha, str) else None,
