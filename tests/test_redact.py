@@ -149,7 +149,7 @@ def test_non_secrets_are_left_alone() -> None:
     argv = r.argv(ARGV)
     assert argv[-6:] == ARGV[-6:]
     assert argv[:3] == ARGV[:3]
-    line = b"INFO 11-30 01:47:53 [model.py:2152] Using max model len 512; max_num_batched_tokens=8192\n"
+    line = b"INFO 11-30 01:47:53 [model.py:2152] max model len 512; max_num_batched_tokens=8192\n"
     assert r.text(line) == line
     assert (
         r.text(b"api key is not set; password: None\n") == b"api key is not set; password: None\n"
