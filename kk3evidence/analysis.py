@@ -99,6 +99,8 @@ class AnalysisEngine:
         self._evidence: dict[str, StageEvidence] = {}
         self._shutdown_line: int | None = None
         self._long_lines = 0
+        self._lo = 0  # bounds of the block being processed
+        self._hi = 0
 
     @property
     def prefilter_engine(self) -> str:
@@ -123,6 +125,7 @@ class AnalysisEngine:
             if len(self._pending) > MAX_LINE:
                 self._flush_long()
             return
+        start = 0
         if self._pending:
             first_nl = data.find(b"\n")
             head = bytes(self._pending) + data[: first_nl + 1]
@@ -131,12 +134,10 @@ class AnalysisEngine:
                 head = head[:MAX_LINE] + b"\n"
                 self._long_lines += 1
             self._block(head)
-            data = data[first_nl + 1 :]
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                self._pending += data
-                return
-        self._block(data[: cut + 1] if cut + 1 < len(data) else data)
+            start = first_nl + 1
+        if cut + 1 > start:
+            # No copy: the block is scanned in place between start and cut + 1.
+            self._block(data, start, cut + 1)
         rest = data[cut + 1 :]
         if rest:
             self._pending += rest
@@ -155,7 +156,7 @@ class AnalysisEngine:
         if self._pending:
             tail = bytes(self._pending)
             self._pending.clear()
-            self._block(tail, final=True)
+            self._block(tail, 0, len(tail), final=True)
         res = resolve(
             self._hits,
             self._evidence,
@@ -198,12 +199,16 @@ class AnalysisEngine:
 
     # -- the block scan ------------------------------------------------------------------
 
-    def _block(self, block: bytes, final: bool = False) -> None:
-        """Process whole lines (``block`` ends with ``\\n`` unless ``final``)."""
+    def _block(
+        self, block: bytes, lo: int = 0, hi: int | None = None, final: bool = False
+    ) -> None:
+        """Process the whole lines of ``block[lo:hi]`` (it ends with ``\\n`` unless ``final``).
+        Offsets stay relative to ``block``: nothing is copied."""
         c = self._c
         base = self.lines
-        n = len(block)
-        hits = c.prefilter.scan(block)
+        n = len(block) if hi is None else hi
+        self._lo, self._hi = lo, n
+        hits = c.prefilter.scan(block, lo, n)
         single = c.single
         # Anchor-only milestones: only their first and last line per block matter.
         firsts: dict[int, int] = {}
@@ -214,11 +219,9 @@ class AnalysisEngine:
                     firsts[aid] = end
             else:
                 others.append((end, aid))
-        if firsts:
-            self._simple_milestones(block, base, firsts)
 
         tracker = self._tracker
-        pos = 0
+        pos = lo
         line_no = base
         k = 0
         n_hits = len(others)
@@ -259,22 +262,30 @@ class AnalysisEngine:
             line_no += 1
             self._line(block, s, e, line_no, ids)
             pos = e + 1
+        # Every newline of the block was counted on the way (a last line without a newline,
+        # when processed, was counted too: take it back).
+        nl_total = line_no - base - (1 if pos > n else 0)
+        ends_nl = n > lo and block[n - 1] == 10
+        if firsts:
+            self._simple_milestones(block, lo, n, base=base, firsts=firsts, nl_total=nl_total)
         if self.context:
-            self._context_bookkeeping(block, base, n)
-        if final and n and not block.endswith(b"\n"):
+            self._context_bookkeeping(block, lo, n, base=base, nl_total=nl_total, ends_nl=ends_nl)
+        if final and n > lo and not ends_nl:
             # The last line has no newline: it still counts as a line.
-            line_no = base + block.count(b"\n") + 1
+            line_no = base + nl_total + 1
         self.lines = line_no
         tracker.tick(line_no)
 
-    def _context_bookkeeping(self, block: bytes, base: int, n: int) -> None:
+    def _context_bookkeeping(
+        self, block: bytes, lo: int, n: int, *, base: int, nl_total: int, ends_nl: bool
+    ) -> None:
         """Complete after-context of failures from earlier blocks; remember this block's tail."""
         want = self.context
         if self._pending_after:
             still: list[tuple[int, list[list[Any]]]] = []
             for hit_no, after in self._pending_after:
                 covered = after[-1][0] if after else hit_no
-                pos = 0
+                pos = lo
                 no = base + 1
                 while len(after) < want and pos < n:
                     if no > covered:
@@ -290,10 +301,12 @@ class AnalysisEngine:
                     still.append((hit_no, after))
             self._pending_after = still
         tail: list[list[Any]] = []
-        end = n - 1 if block.endswith(b"\n") else n
-        no = base + block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
-        while len(tail) < want and end >= 0:
-            b = block.rfind(b"\n", 0, end) + 1
+        end = n - 1 if ends_nl else n
+        no = base + nl_total + (0 if ends_nl else 1)
+        while len(tail) < want and end >= lo:
+            b = block.rfind(b"\n", lo, end) + 1
+            if b <= 0:
+                b = lo
             tail.append([no, decode_line(block[b:end])])
             no -= 1
             end = b - 1
@@ -302,29 +315,49 @@ class AnalysisEngine:
             tail = self._tail[-(want - len(tail)) :] + tail
         self._tail = tail
 
-    def _simple_milestones(self, block: bytes, base: int, firsts: dict[int, int]) -> None:
+    def _simple_milestones(
+        self, block: bytes, lo: int, n: int, *, base: int, firsts: dict[int, int], nl_total: int
+    ) -> None:
         c = self._c
-        offsets: set[int] = set()
+        lasts = c.prefilter.last_offsets(block, list(firsts), lo, n)
         wanted: list[tuple[int, int, int]] = []  # (aid, first_off, last_off)
+        offsets: set[int] = set()
         for aid, end in firsts.items():
             first_off = end - 1
-            last_off = c.prefilter.last_offset(block, aid)
-            last_off = max(last_off, first_off)
+            last_off = max(lasts.get(aid, -1), first_off)
             offsets.add(first_off)
             offsets.add(last_off)
             wanted.append((aid, first_off, last_off))
+        # Line numbers: count newlines from whichever end of the block is nearer.
         line_at: dict[int, int] = {}
-        prev = 0
-        no = base + 1
-        for off in sorted(offsets):
-            no += block.count(b"\n", prev, off)
+        ordered = sorted(offsets)
+        mid = (lo + n) // 2
+        front = [o for o in ordered if o < mid]
+        back = [o for o in ordered if o >= mid]
+        prev = lo
+        seen = 0
+        for off in front:
+            seen += block.count(b"\n", prev, off)
             prev = off
-            line_at[off] = no
+            line_at[off] = base + seen + 1
+        prev = n
+        after = 0
+        for off in reversed(back):
+            after += block.count(b"\n", off, prev)
+            prev = off
+            line_at[off] = base + nl_total - after + 1
         for aid, f_off, l_off in wanted:
             for rule in c.ruleset.anchor_rules[aid]:
                 if rule.stage:
                     self._stage_seen(rule.stage, line_at[f_off])
                     self._stage_seen(rule.stage, line_at[l_off])
+                    if rule.marks == "complete":
+                        self._stage_completed(rule.stage, line_at[f_off])
+
+    def _stage_completed(self, stage: str, line_no: int) -> None:
+        ev = self._evidence[stage]
+        if ev.completed_at is None or line_no < ev.completed_at:
+            ev.completed_at = line_no
 
     def _stage_seen(self, stage: str, line_no: int) -> None:
         ev = self._evidence.get(stage)
@@ -334,7 +367,10 @@ class AnalysisEngine:
             ev.add(line_no)
 
     def _line(self, block: bytes, s: int, e: int, line_no: int, anchor_ids: list[int]) -> None:
-        line = parse_line(line_no, block[s:e])
+        raw = block[s:e]
+        if anchor_ids and not self._c.prefilter.exact_ids:
+            anchor_ids = self._c.prefilter.line_anchor_ids(raw)
+        line = parse_line(line_no, raw)
         line = self._tracker.feed(line)
         if line.tb_role in ("frame", "header", "separator"):
             return
@@ -354,9 +390,7 @@ class AnalysisEngine:
             if rule.stage:
                 self._stage_seen(rule.stage, line_no)
                 if rule.marks == "complete":
-                    ev = self._evidence[rule.stage]
-                    if ev.completed_at is None:
-                        ev.completed_at = line_no
+                    self._stage_completed(rule.stage, line_no)
             if rule.marks == "shutdown" and self._shutdown_line is None:
                 self._shutdown_line = line_no
             return
@@ -365,7 +399,9 @@ class AnalysisEngine:
             return
         self._hits.append(hit)
         if self.context and rule.kind == "failure" and len(self._context) < MAX_CONTEXTS:
-            ctx = _context_around(block, s, e, line_no, self.context)
+            ctx = _context_around(
+                block, s, e, line_no=line_no, n=self.context, lo=self._lo, hi=self._hi
+            )
             before = ctx["before"]
             if len(before) < self.context:
                 older = [x for x in self._tail if x[0] < line_no - len(before)]
@@ -376,26 +412,28 @@ class AnalysisEngine:
 
 
 def _context_around(
-    block: bytes, s: int, e: int, line_no: int, n: int
+    block: bytes, s: int, e: int, *, line_no: int, n: int, lo: int, hi: int
 ) -> dict[str, list[list[Any]]]:
-    """Up to ``n`` lines before and after the line ``block[s:e]`` (within this block)."""
+    """Up to ``n`` lines before and after the line ``block[s:e]`` (within ``block[lo:hi]``)."""
     before: list[list[Any]] = []
     pos = s
     for i in range(1, n + 1):
-        if pos <= 0:
+        if pos <= lo:
             break
-        b = block.rfind(b"\n", 0, pos - 1) + 1
+        b = block.rfind(b"\n", lo, pos - 1) + 1
+        if b <= 0:
+            b = lo
         before.append([line_no - i, decode_line(block[b : pos - 1])])
         pos = b
     before.reverse()
     after: list[list[Any]] = []
     pos = e + 1
     for i in range(1, n + 1):
-        if pos >= len(block):
+        if pos >= hi:
             break
-        f = block.find(b"\n", pos)
+        f = block.find(b"\n", pos, hi)
         if f < 0:
-            f = len(block)
+            f = hi
         after.append([line_no + i, decode_line(block[pos:f])])
         pos = f + 1
     return {"before": before, "after": after}

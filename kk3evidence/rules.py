@@ -71,12 +71,13 @@ class Rule:
 
     @property
     def simple(self) -> bool:
-        """A milestone decided by its anchors alone (no pattern, level or marker)."""
+        """A milestone decided by its anchors alone (no pattern or level; at most a
+        ``complete`` mark): the fast path only needs its first and last line per block."""
         return (
             self.kind == "milestone"
             and not self.patterns
             and self.levels is None
-            and self.marks is None
+            and self.marks in (None, "complete")
             and self.scope == "line"
         )
 

@@ -243,3 +243,40 @@ def test_real_runs_never_report_a_consequence_rule_as_first(realruns: Path) -> N
         if a.first_failure is not None:
             kinds = {f.line_no: f.kind for f in a.findings}
             assert kinds[a.first_failure.line_no] == "failure", log.parent.name
+
+
+# -- the fast path agrees with itself -------------------------------------------------------------
+
+
+def _engines() -> list[str]:
+    out = ["ahocorasick"]
+    for mod, name in (("re2", "re2"), ("hyperscan", "hyperscan")):
+        try:
+            __import__(mod)
+        except ImportError:
+            continue
+        out.append(name)
+    return out
+
+
+def _mixed_log() -> bytes:
+    corpus = Path(__file__).resolve().parent.parent / "corpus"
+    logs = sorted(corpus.glob("*/output.log"))
+    if not logs:
+        pytest.skip("corpus/ not present")
+    return b"".join(p.read_bytes().rstrip(b"\n") + b"\n" for p in logs[::3]) * 2
+
+
+@pytest.mark.parametrize("engine", _engines())
+def test_every_prefilter_engine_and_block_size_gives_the_same_analysis(
+    engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = _mixed_log()
+    ref = analyze(io.BytesIO(data), engine="ahocorasick").to_json()
+    got = analyze(io.BytesIO(data), engine=engine).to_json()
+    assert got == ref
+    import kk3evidence.analysis as mod
+
+    monkeypatch.setattr(mod, "BLOCK_SIZE", 4096)
+    small = analyze(io.BytesIO(data), engine=engine).to_json()
+    assert small == ref
