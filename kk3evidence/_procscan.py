@@ -63,7 +63,7 @@ def _read_text(path: str) -> str | None:
 
 
 def process_tree(root_pid: int, proc_root: str = "/proc") -> list[int]:
-    """``root_pid``, its live descendants, and every process in its process group."""
+    """``root_pid``, its descendants, and every process in the group it leads."""
     parents: dict[int, int] = {}
     groups: dict[int, int] = {}
     try:
@@ -83,8 +83,9 @@ def process_tree(root_pid: int, proc_root: str = "/proc") -> list[int]:
         pid = int(entry)
         parents[pid] = int(rest[1])
         groups[pid] = int(rest[2])
-    root_group = groups.get(root_pid, root_pid)
-    found = {root_pid} | {p for p, g in groups.items() if g == root_group}
+    # The group counts only when the root leads it (capture starts CMD in a group of its own);
+    # otherwise it is the caller's group and holds unrelated processes.
+    found = {root_pid} | {p for p, g in groups.items() if g == root_pid}
     frontier = list(found)
     children: dict[int, list[int]] = {}
     for pid, ppid in parents.items():
