@@ -10,10 +10,12 @@ the block size plus capped finding lists, whatever the log size.
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import sys
 import tarfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -448,7 +450,7 @@ def _is_tar(path: Path) -> bool:
         return True
     try:
         return tarfile.is_tarfile(path)
-    except OSError:
+    except (OSError, EOFError, tarfile.TarError, zlib.error):
         return False
 
 
@@ -508,6 +510,18 @@ def _read_blocks(fh: IO[bytes] | Any) -> Iterator[bytes]:
 
 
 def _file_blocks(path: Path) -> Iterator[bytes]:
+    try:
+        with open(path, "rb") as probe:
+            magic = probe.read(2)
+    except OSError:
+        magic = b""
+    if magic == b"\x1f\x8b":  # a gzip-compressed plain log (server.log.gz)
+        try:
+            with gzip.open(path, "rb") as gz:
+                yield from _read_blocks(gz)
+        except (OSError, EOFError, zlib.error) as err:
+            raise InputError(f"{path}: corrupt gzip log ({err}); check the file") from None
+        return
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed by the with-block below
     except FileNotFoundError:

@@ -88,6 +88,19 @@ def test_bundle_is_analysed_without_extracting(tmp_path: Path) -> None:
         assert a.source == str(out)
 
 
+def test_gzip_compressed_plain_log(tmp_path: Path) -> None:
+    import gzip
+
+    p = tmp_path / "server.log.gz"
+    p.write_bytes(gzip.compress(FAIL_LOG))
+    a = analyze(p)
+    assert a.first_failure is not None and a.first_failure.line_no == 7
+    bad = tmp_path / "bad.log.gz"
+    bad.write_bytes(gzip.compress(FAIL_LOG)[:40])
+    with pytest.raises(InputError):
+        analyze(bad)
+
+
 def test_missing_file_and_directory_are_input_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such file"):
         analyze(tmp_path / "nope.log")
