@@ -750,9 +750,7 @@ def build_report(ev: Evidence, baseline: Evidence | None = None, *, lang: Lang =
                                                                "text"),)),
                    Heading(text(lang, "gh_bug"), 3)]
         blocks += _summary(ev, lang)
-        blocks += [Para(text(lang, "gh_repro"))]
-        blocks += [b for b in _command(ev, lang) if not isinstance(b, Para)
-                   or b.text != text(lang, "cmd_as_run")]
+        blocks += _command(ev, lang)
         blocks += [Para(text(lang, "gh_expected"))]
         blocks += _request(ev, lang)
         blocks += [Details(text(lang, "gh_logs"), tuple(_failure(ev, lang)))]
