@@ -208,3 +208,33 @@ def _analyze(bundle: Any, source: str) -> dict[str, Any] | None:
 
 def coerce(item: Evidence | str | Path) -> Evidence:
     return item if isinstance(item, Evidence) else load(item)
+
+
+def other_gpu_processes(ev: Evidence) -> list[str]:
+    """Processes of other jobs on the GPUs. ``notes.cluster.gpu_processes`` (written by capture,
+    which already left out the server's own process group) wins; otherwise the fingerprint's
+    per-GPU processes minus the launched pid."""
+    cluster = ev.notes.get("cluster")
+    noted = cluster.get("gpu_processes") if isinstance(cluster, Mapping) else None
+    out: list[str] = []
+    if isinstance(noted, list) and noted:
+        for p in noted:
+            if isinstance(p, Mapping):
+                used = p.get("used_memory_bytes")
+                mem = f", {used / 2**30:.1f} GiB" if isinstance(used, int | float) else ""
+                out.append(f"GPU{p.get('gpu_index', '?')}: pid {p.get('pid')} "
+                           f"{p.get('name') or ''}{mem}".replace("  ", " ").rstrip())
+            else:
+                out.append(str(p))
+        return out
+    ours = {ev.launch.get("pid")}
+    for d in (ev.fingerprint.get("gpus") or {}).get("devices") or []:
+        if not isinstance(d, Mapping):
+            continue
+        for p in d.get("processes") or []:
+            if isinstance(p, Mapping) and p.get("pid") not in ours:
+                used = p.get("used_memory_bytes")
+                mem = f", {used / 2**30:.1f} GiB" if isinstance(used, int | float) else ""
+                out.append(f"GPU{d.get('index')}: pid {p.get('pid')} {p.get('name') or ''}"
+                           f"{mem}".rstrip())
+    return out

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import polars as pl
 
 from . import _evidence
-from ._evidence import Evidence
+from ._evidence import Evidence, other_gpu_processes
 from .compat import check_evidence, load_compat_rules
 from .diff import request_signature, serve_command
 
@@ -183,26 +183,6 @@ def _signature(ev: Evidence) -> str:
     return f"{ff.get('stage')}/{ff.get('category')}/{ff.get('rule')}"
 
 
-def _other_gpu_processes(ev: Evidence) -> list[str]:
-    ours = {ev.launch.get("pid")}
-    out = []
-    for d in _get(ev.fingerprint, "gpus.devices") or []:
-        if not isinstance(d, Mapping):
-            continue
-        for p in d.get("processes") or []:
-            if isinstance(p, Mapping) and p.get("pid") not in ours:
-                used = p.get("used_memory_bytes")
-                mem = f", {used / 2**30:.1f} GiB" if isinstance(used, int | float) else ""
-                out.append(f"GPU{d.get('index')}: pid {p.get('pid')} {p.get('name') or ''}"
-                           f"{mem}".rstrip())
-    cluster = ev.notes.get("cluster")
-    if isinstance(cluster, Mapping):
-        for p in cluster.get("gpu_processes") or []:
-            out.append(f"notes.cluster: {json.dumps(p, ensure_ascii=False)}"
-                       if not isinstance(p, str) else f"notes.cluster: {p}")
-    return out
-
-
 def _flags_text(ev: Evidence) -> str:
     cmd = serve_command(ev.argv)
     if cmd is None:
@@ -254,7 +234,7 @@ def _row(ev: Evidence, env: Environment, config_id: str, boundaries: str) -> dic
         "input_length": _int(sig.get("input_length")),
         "max_tokens": _int(sig.get("max_tokens")),
         "concurrency": _int(sig.get("concurrency")),
-        "other_gpu_processes": len(_other_gpu_processes(ev)),
+        "other_gpu_processes": len(other_gpu_processes(ev)),
         "within_boundaries": boundaries,
         "first_failure_stage": ff.get("stage"),
         "first_failure_category": ff.get("category"),
@@ -337,7 +317,7 @@ def _decide(frame: pl.DataFrame, groups: Sequence[RunGroup],
                 evidence.append(f"configuration {g.config}: {k} varies: {', '.join(vals)}")
     busy = [(name, procs) for name, ev in evs.items()
             if frame.filter(pl.col("run") == name)["environment"].to_list() == ["original"]
-            and (procs := _other_gpu_processes(ev))]
+            and (procs := other_gpu_processes(ev))]
     if busy:
         move_reasons.append("(3) other jobs use the GPUs, so a single-variable experiment is "
                             "not possible")

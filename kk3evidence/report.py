@@ -23,7 +23,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from . import _evidence
-from ._evidence import Evidence, LogLine
+from ._evidence import Evidence, LogLine, other_gpu_processes
 from ._i18n import CHECKLIST, LANGS, Lang, text
 from ._version import __version__
 from .compat import CheckResult, check_evidence, container_cuda
@@ -661,21 +661,17 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
 
     # 11. other jobs and GPU occupancy
     cluster = ev.notes.get("cluster") if isinstance(ev.notes.get("cluster"), Mapping) else {}
-    cluster_text = (cluster or {}).get("text")
-    cluster_procs = (cluster or {}).get("gpu_processes") or []
+    cluster_text = str((cluster or {}).get("text") or "")
+    auto_text = cluster_text.startswith("GPU state unknown")  # capture's own "no NVML" note
     devices = _get(fp, "gpus.devices") or []
     if source == "nvml" and devices:
-        ours = {ev.launch.get("pid")}
-        others_n = sum(1 for d in devices for p in d.get("processes") or []
-                       if p.get("pid") not in ours)
         results["cluster_state"] = ("pass", text(lang, "ck11_pass_nvml", n=len(devices),
-                                                 others=others_n + len(cluster_procs)))
-    elif cluster_text or cluster_procs:
-        shown = cluster_text or f"{len(cluster_procs)} GPU process(es)"
+                                                 others=len(other_gpu_processes(ev))))
+    elif cluster_text and not auto_text:
         results["cluster_state"] = ("pass", text(lang, "ck11_pass_notes",
-                                                 text=_truncate(str(shown), 100)))
+                                                 text=_truncate(cluster_text, 100)))
     elif source == "error":
-        err = _get(fp, "gpus.error") or "NVML error"
+        err = _get(fp, "gpus.error") or cluster_text or "NVML error"
         results["cluster_state"] = ("fail", text(lang, "ck11_fail", error=err))
     else:
         results["cluster_state"] = ("unknown", text(lang, "ck11_unknown"))
