@@ -336,8 +336,13 @@ def _decide(frame: pl.DataFrame, groups: Sequence[RunGroup],
         for g in stable:
             evidence.append(f"configuration {g.config}, runs {', '.join(g.runs)}: "
                             f"{_counts(g.signatures)}")
-        reasons.append("the failure repeats at the same stage in a pinned environment with no "
-                       "other jobs: keep changing one variable at a time here")
+        if any(s != "ok" for g in stable for s in g.signatures):
+            reasons.append("the failure repeats at the same stage in a pinned environment with "
+                           "no other jobs: keep changing one variable at a time here")
+        else:
+            reasons.append("the same configuration starts cleanly on every repeat in a pinned "
+                           "environment with no other jobs: keep restoring one variable at a "
+                           "time here")
     else:
         reasons.append("no repeated configuration yet: run the same configuration again to "
                        "see whether the first failing stage is stable")
