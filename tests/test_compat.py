@@ -169,3 +169,19 @@ def test_spec_facts_are_encoded() -> None:
 ])
 def test_parse_version(text: object, expected: object) -> None:
     assert parse_version(text) == expected
+
+
+def test_a_malformed_rule_file_is_a_one_line_rule_error() -> None:
+    from kk3evidence.compat import _parse_rule_file
+    from kk3evidence.errors import RuleError
+
+    text = (REPO / "rules" / "compat" / "parallelism.toml").read_text(encoding="utf-8")
+    with pytest.raises(RuleError) as err:
+        _parse_rule_file("x.toml", text.replace('check = "parallel_fits_gpus"',
+                                                'check = "no_such_check"'))
+    assert "\n" not in str(err.value) and "x.toml" in str(err.value)
+    with pytest.raises(RuleError):
+        _parse_rule_file("y.toml", text.replace('source_date = "2026-08-20"',
+                                                'source_date = "recently"'))
+    with pytest.raises(RuleError):
+        _parse_rule_file("z.toml", "schema = [")

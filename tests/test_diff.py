@@ -211,3 +211,18 @@ def test_changing_exactly_one_flag_names_exactly_that_flag(k: str, i: int, j: in
     else:
         # a flag set to vLLM's default on one side may equal "absent"; here both are given
         assert labels(result) == [k]
+
+
+def test_redacted_argv_values_compare_by_placeholder() -> None:
+    a = run("a", argv=[*BASE_ARGV, "--api-key", "<redacted:argv:1>"])
+    b = run("b", argv=[*BASE_ARGV, "--api-key", "<redacted:argv:1>"])
+    assert diff(a, b).verdict == "none"
+    c = run("c", argv=[*BASE_ARGV, "--api-key", "<redacted:argv:2>"])
+    assert labels(diff(a, c)) == ["--api-key"]
+
+
+def test_non_vllm_commands_compare_token_by_token() -> None:
+    a = run("a", argv=["torchrun", "--nproc-per-node", "8", "train.py"])
+    b = run("b", argv=["torchrun", "--nproc-per-node", "4", "train.py"])
+    (change,) = diff(a, b).variables
+    assert change.label == "launch command"

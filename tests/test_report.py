@@ -181,3 +181,11 @@ def test_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 20_000  # a rendered page, not a blank one
+
+
+def test_unwritable_output_is_one_line_exit_4(tmp_path: Path) -> None:
+    path = write(run("a"), tmp_path / "a.tar")
+    target = tmp_path / "no-such-dir" / "r.md"
+    result = CliRunner().invoke(main, ["report", str(path), "-o", str(target)])
+    assert result.exit_code == 4
+    assert "cannot write the report" in result.output
