@@ -339,6 +339,7 @@ class LadderResult:
     last_stable: int | None
     message: str
     skipped: tuple[int, ...] = ()  # steps resumed from the state file
+    diff_summary: str | None = None  # kk3evidence diff between the two bundles, when separate
 
     @property
     def exit_code(self) -> int:
@@ -352,6 +353,7 @@ class LadderResult:
             "last_stable_step": self.last_stable,
             "message": self.message,
             "resumed_steps": list(self.skipped),
+            "bundle_diff": self.diff_summary,
             "steps": [r.to_json() for r in self.records],
         }
 
@@ -1027,6 +1029,10 @@ def run_ladder(
         message = (
             f"all {n} steps keep the outcome of the baseline ({records[0].outcome.describe()})"
         )
+    diff_summary: str | None = None
+    if verdict == "changed" and last_stable is not None:
+        stable_bundle = next((r.bundle for r in records if r.id == last_stable.id), None)
+        diff_summary = _bundle_diff(out, stable_bundle, records[-1].bundle)
     state["result"] = {
         "verdict": verdict,
         "message": message,
@@ -1042,4 +1048,21 @@ def run_ladder(
         last_stable=last_stable.id if last_stable else None,
         message=message,
         skipped=tuple(skipped),
+        diff_summary=diff_summary,
     )
+
+
+def _bundle_diff(out: Path, a: str | None, b: str | None) -> str | None:
+    """``kk3evidence diff``'s one-line verdict between two step bundles (None if not possible)."""
+    if not a or not b or a == b:
+        return None
+    try:
+        from .diff import diff
+        from .errors import Kk3Error
+
+        try:
+            return diff(out / a, out / b).summary()
+        except Kk3Error as exc:
+            return f"diff not possible: {exc.message}"
+    except ImportError:
+        return None

@@ -340,3 +340,16 @@ def test_minimize_plan_runs_on_the_fake_server(tmp_path: Path, server: list[str]
     result = run_ladder(load_plan(p), tmp_path / "run", progress=QUIET)
     assert result.verdict == "stable", result.message
     assert [r.variable for r in result.records] == [s["variable"] for s in plan["step"]]
+
+
+def test_changed_argv_step_gets_the_bundle_diff_verdict(tmp_path: Path, server: list[str]) -> None:
+    port = str(free_port())
+    base = [*server, "--port", port]
+    plan_path = write_plan(
+        tmp_path / "plan.toml",
+        step(0, "baseline", base, "baseline"),
+        step(1, "context-length", [*base, "--fail-start"]),
+    )
+    result = run_ladder(load_plan(plan_path), tmp_path / "run", progress=QUIET)
+    assert result.diff_summary is not None
+    assert "changed" in result.diff_summary

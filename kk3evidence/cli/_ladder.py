@@ -67,6 +67,8 @@ def _report(plan: Plan, result: LadderResult, out_dir: Path) -> None:
             click.echo(f"    {env + ' ' if env else ''}{argv}")
             click.echo(f"    request: {step.request.describe()}")
             if stable.bundle and changed.bundle and stable.bundle != changed.bundle:
+                if result.diff_summary:
+                    click.echo(f"  between the two bundles: {result.diff_summary}")
                 click.echo(
                     f"  compare them: kk3evidence diff {out_dir / stable.bundle} "
                     f"{out_dir / changed.bundle}"
