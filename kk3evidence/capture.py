@@ -487,7 +487,10 @@ def run_capture(
     }
     _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
     _safe(run, "notes.json", lambda: writer.write_json("notes.json", notes))
-    say(f"capturing into {output} (staging folder {staging})")
+    say(
+        f"capturing into {output} (staging folder {staging}; if capture is killed: "
+        f"kk3evidence seal {staging} -o {output})"
+    )
 
     log_stream = writer.open_stream("logs/combined.log")
     index_stream = writer.open_stream("logs/lines.tsv")
@@ -633,7 +636,8 @@ def run_capture(
     except Exception as exc:
         run.problems.append(
             f"could not write the bundle {output} ({type(exc).__name__}: {exc}); "
-            f"what was captured is in {staging}: run 'kk3evidence seal {staging}' later"
+            f"what was captured is in {staging}: run 'kk3evidence seal {staging} -o {output}' "
+            "once there is room"
         )
     ff = analysis_json.get("first_failure") if analysis_json else None
     return CaptureResult(
@@ -872,6 +876,8 @@ def _probe(run: _Run) -> None:
             )
         after, merr = probe.fetch_metrics(client, target, auth)
         _save_metrics(run, writer, "after", after, merr)
+    if not opts.stop_after_request and not run.child_exited.is_set():
+        run.say("requests done; the server keeps running (Ctrl-C stops it and ends the capture)")
     if opts.stop_after_request and not run.child_exited.is_set():
         run.stopped_by = "stop-after-request"
         run.say("stopping the server (--stop-after-request): SIGINT to its process group")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import signal
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from progs.helpers import (
@@ -23,6 +26,41 @@ from progs.helpers import (
 )
 
 from kk3evidence.bundle import open_bundle, seal, validate
+
+Spawn = Callable[..., "subprocess.Popen[bytes]"]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    """Popen that never outlives the test: the capture and its command's group are killed."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(argv, **kwargs)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            for child in _children(proc.pid):
+                with contextlib.suppress(OSError):
+                    os.killpg(child, signal.SIGKILL)
+            proc.kill()
+        proc.wait(30)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
 
 
 def _members(bundle: Path) -> dict[str, bytes]:
@@ -63,8 +101,11 @@ def test_exit_code_of_the_command_is_capture_exit_status(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     ("how", "signum"),
-    [(["kill", "SIGKILL"], signal.SIGKILL), (["kill", "SIGSEGV"], signal.SIGSEGV),
-     (["abort"], signal.SIGABRT)],
+    [
+        (["kill", "SIGKILL"], signal.SIGKILL),
+        (["kill", "SIGSEGV"], signal.SIGSEGV),
+        (["abort"], signal.SIGABRT),
+    ],
 )
 def test_command_killed_by_signal_exits_128_plus_n(
     tmp_path: Path, how: list[str], signum: int
@@ -106,15 +147,18 @@ def test_command_not_found_exits_127_and_still_writes_a_bundle(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_signal_to_capture_is_forwarded_to_the_command(tmp_path: Path, sig: int) -> None:
+def test_signal_to_capture_is_forwarded_to_the_command(
+    tmp_path: Path, sig: int, spawn: Spawn
+) -> None:
     bundle = tmp_path / "run.tar"
     name = signal.Signals(sig).name
     cmd = [PY, prog("signals.py"), "--exit-on", f"{name}=42"]
-    proc = subprocess.Popen(capture_argv(bundle, cmd), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=base_env())
+    proc = spawn(
+        capture_argv(bundle, cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base_env()
+    )
     seen = _read_until(proc, b"ready\n")
     proc.send_signal(sig)
-    rest, err = proc.communicate(timeout=60)
+    rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 42
     assert seen + rest == f"ready\ngot {name}\n".encode()
     with open_bundle(bundle) as b:
@@ -123,11 +167,12 @@ def test_signal_to_capture_is_forwarded_to_the_command(tmp_path: Path, sig: int)
         assert b.launch["exit_code"] == 42
 
 
-def test_second_ctrl_c_kills_the_process_group(tmp_path: Path) -> None:
+def test_second_ctrl_c_kills_the_process_group(tmp_path: Path, spawn: Spawn) -> None:
     bundle = tmp_path / "run.tar"
     cmd = [PY, prog("signals.py"), "--ignore", "SIGINT"]
-    proc = subprocess.Popen(capture_argv(bundle, cmd), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=base_env())
+    proc = spawn(
+        capture_argv(bundle, cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base_env()
+    )
     _read_until(proc, b"ready\n")
     proc.send_signal(signal.SIGINT)
     first = _read_until(proc, b"Ctrl-C again", stream="stderr")
@@ -138,12 +183,18 @@ def test_second_ctrl_c_kills_the_process_group(tmp_path: Path) -> None:
     assert any("second Ctrl-C" in line for line in own_lines(err))
 
 
-def test_leftover_group_members_are_stopped_after_the_grace_period(tmp_path: Path) -> None:
+def test_leftover_group_members_are_stopped_after_the_grace_period(
+    tmp_path: Path, spawn: Spawn
+) -> None:
     bundle = tmp_path / "run.tar"
     # The child exits on SIGTERM; its grandchild ignores SIGTERM and must be SIGKILLed.
     cmd = [PY, prog("signals.py"), "--child", "--exit-on", "SIGTERM=0"]
-    proc = subprocess.Popen(capture_argv(bundle, cmd, ["--grace", "0.5"]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base_env())
+    proc = spawn(
+        capture_argv(bundle, cmd, ["--grace", "0.5"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=base_env(),
+    )
     seen = _read_until(proc, b"grandchild ready\n")
     gpid = int(seen.split(b"grandchild pid ")[1].split()[0])
     proc.send_signal(signal.SIGTERM)
@@ -159,24 +210,30 @@ def test_flood_is_passed_through_and_recorded_completely(tmp_path: Path) -> None
     assert ran.returncode == 0
     assert len(ran.stdout) == 64 * 1024 * 1024
     n_lines = ran.stdout.count(b"\n")
-    assert f"flood: wrote {n_lines} lines".encode() in ran.stderr
+    assert f"flood: wrote {n_lines} lines in ".encode() in ran.stderr
     with open_bundle(bundle) as b:
-        assert b.member("logs/combined.log").size == len(ran.stdout) + len(
-            child_stderr(ran.stderr)
-        )
+        assert b.member("logs/combined.log").size == len(ran.stdout) + len(child_stderr(ran.stderr))
         rows = sum(1 for _ in b.iter_log_lines())
         manifest = b.manifest
     assert rows == n_lines + 2  # + the partial last line + the stderr summary line
     assert manifest["losses"] == []
 
 
-def test_killed_capture_is_sealed_with_every_line_received(tmp_path: Path) -> None:
+def test_killed_capture_is_sealed_with_every_line_received(tmp_path: Path, spawn: Spawn) -> None:
     bundle = tmp_path / "run.tar"
     staging = tmp_path / "staging"
-    cmd = [PY, "-c", "import time\nfor i in range(2000): print('line', i)\nprint('ready', flush=True)\n"
-           "time.sleep(600)"]
-    proc = subprocess.Popen(capture_argv(bundle, cmd, ["--staging", str(staging)]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base_env())
+    cmd = [
+        PY,
+        "-c",
+        "import time\nfor i in range(2000): print('line', i)\nprint('ready', flush=True)\n"
+        "time.sleep(600)",
+    ]
+    proc = spawn(
+        capture_argv(bundle, cmd, ["--staging", str(staging)]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=base_env(),
+    )
     _read_until(proc, b"ready\n")
     log = staging / "logs" / "combined.log"
     # The writer thread flushes each batch straight to the file; wait until it holds the marker.
@@ -211,7 +268,11 @@ def test_write_errors_never_stop_the_pass_through_and_are_recorded(tmp_path: Pat
 
     proc = subprocess.run(
         capture_argv(bundle, [PY, prog("flood.py"), "4"]),
-        capture_output=True, env=base_env(), preexec_fn=small_files, timeout=120, check=False,
+        capture_output=True,
+        env=base_env(),
+        preexec_fn=small_files,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0
     assert len(proc.stdout) == 4 * 1024 * 1024
@@ -230,8 +291,14 @@ def test_notes_and_changes_are_stored(tmp_path: Path) -> None:
     ran = run_capture(
         bundle,
         [PY, prog("printer.py"), "--lines", "1"],
-        ["--note", "first try after the image update", "--change",
-         "driver=570.86.15->580.65.06", "--change", "image=a:1->b:2@2026-11-29T10:00:00Z"],
+        [
+            "--note",
+            "first try after the image update",
+            "--change",
+            "driver=570.86.15->580.65.06",
+            "--change",
+            "image=a:1->b:2@2026-11-29T10:00:00Z",
+        ],
     )
     assert ran.returncode == 0
     with open_bundle(bundle) as b:
@@ -258,9 +325,15 @@ def test_no_secret_from_env_argv_or_log_text_reaches_the_bundle(tmp_path: Path) 
         "MY_SERVICE_PASSWORD": "correct-horse-battery-staple",
         "VLLM_API_KEY": "vllm-key-0123456789abcdef",
     }
-    cmd = [PY, prog("printer.py"), "--lines", "1", *[a for k in secrets for a in
-                                                     ("--secret-env", k)],
-           "--api-key", "argv-secret-0123456789"]
+    cmd = [
+        PY,
+        prog("printer.py"),
+        "--lines",
+        "1",
+        *[a for k in secrets for a in ("--secret-env", k)],
+        "--api-key",
+        "argv-secret-0123456789",
+    ]
     ran = run_capture(bundle, cmd, env=base_env(**secrets))
     assert ran.returncode == 0, ran.stderr
     assert secrets["HF_TOKEN"].encode() in ran.stderr  # the terminal sees the real output
@@ -275,8 +348,12 @@ def test_no_secret_from_env_argv_or_log_text_reaches_the_bundle(tmp_path: Path) 
 
 def test_fingerprint_of_a_plain_command_is_complete_and_valid(tmp_path: Path) -> None:
     bundle = tmp_path / "run.tar"
-    ran = run_capture(bundle, [PY, "-c", "print('hi')"], ["--image", "repo/img:tag"],
-                      env=base_env(CUDA_VISIBLE_DEVICES="0,1", NCCL_DEBUG="INFO"))
+    ran = run_capture(
+        bundle,
+        [PY, "-c", "print('hi')"],
+        ["--image", "repo/img:tag"],
+        env=base_env(CUDA_VISIBLE_DEVICES="0,1", NCCL_DEBUG="INFO"),
+    )
     assert ran.returncode == 0
     with open_bundle(bundle) as b:
         fp = b.fingerprint

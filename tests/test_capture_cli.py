@@ -14,8 +14,18 @@ from kk3evidence.cli import main
 def test_help_names_the_main_options() -> None:
     result = CliRunner().invoke(main, ["capture", "--help"])
     assert result.exit_code == 0
-    for opt in ("--output", "--note", "--change", "--ready-timeout", "--request", "--repeat",
-                "--prefix-probe", "--stop-after-request", "--image", "--image-id"):
+    for opt in (
+        "--output",
+        "--note",
+        "--change",
+        "--ready-timeout",
+        "--request",
+        "--repeat",
+        "--prefix-probe",
+        "--stop-after-request",
+        "--image",
+        "--image-id",
+    ):
         assert opt in result.output
 
 
@@ -23,8 +33,16 @@ def test_capture_in_process_passes_output_and_exit_code(tmp_path: Path) -> None:
     bundle = tmp_path / "b.tar"
     result = CliRunner().invoke(
         main,
-        ["capture", "-o", str(bundle), "--no-analyze", "--", sys.executable, "-c",
-         "import sys; print('hello'); sys.exit(5)"],
+        [
+            "capture",
+            "-o",
+            str(bundle),
+            "--no-analyze",
+            "--",
+            sys.executable,
+            "-c",
+            "import sys; print('hello'); sys.exit(5)",
+        ],
     )
     assert result.exit_code == 5, result.output
     assert "hello\n" in result.stdout

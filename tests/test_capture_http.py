@@ -30,8 +30,11 @@ def test_ready_fixed_request_and_metrics_are_recorded(tmp_path: Path) -> None:
     assert launch is not None
     assert launch["ready_seconds"] is not None and launch["ready_seconds"] > 0
     assert launch["served_model"] == "tiny"
-    assert launch["api"] == {"host": "127.0.0.1", "port": port,
-                             "base_url": f"http://127.0.0.1:{port}"}
+    assert launch["api"] == {
+        "host": "127.0.0.1",
+        "port": port,
+        "base_url": f"http://127.0.0.1:{port}",
+    }
     assert launch["stopped_by"] == "stop-after-request"
     assert "api_ready" in launch["stages_reached"] and "serving" in launch["stages_reached"]
     assert [r["name"] for r in reqs] == ["fixed-1"]
@@ -56,10 +59,14 @@ def test_ready_fixed_request_and_metrics_are_recorded(tmp_path: Path) -> None:
 def test_repeat_and_request_file(tmp_path: Path) -> None:
     bundle = tmp_path / "run.tar"
     req = tmp_path / "req.json"
-    req.write_text(json.dumps({"messages": [{"role": "user", "content": "hello there"}],
-                               "max_tokens": 4}))
-    ran = run_capture(bundle, _server(free_port()),
-                      ["--probe", "--stop-after-request", "--repeat", "3", "--request", str(req)])
+    req.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4})
+    )
+    ran = run_capture(
+        bundle,
+        _server(free_port()),
+        ["--probe", "--stop-after-request", "--repeat", "3", "--request", str(req)],
+    )
     assert ran.returncode == 0, ran.stderr
     with open_bundle(bundle) as b:
         reqs = b.requests()
@@ -72,8 +79,9 @@ def test_prefix_probe_records_hits_and_the_four_checks(tmp_path: Path) -> None:
     bundle = tmp_path / "run.tar"
     ran = run_capture(
         bundle,
-        _server(free_port(), "--enable-prefix-caching", "--block-size", "16",
-                "--prompt-tokens-details"),
+        _server(
+            free_port(), "--enable-prefix-caching", "--block-size", "16", "--prompt-tokens-details"
+        ),
         ["--probe", "--prefix-probe", "--stop-after-request"],
     )
     assert ran.returncode == 0, ran.stderr
@@ -103,8 +111,9 @@ def test_prefix_probe_records_hits_and_the_four_checks(tmp_path: Path) -> None:
 
 def test_prefix_probe_without_caching_fails_the_hit_check(tmp_path: Path) -> None:
     bundle = tmp_path / "run.tar"
-    ran = run_capture(bundle, _server(free_port()),
-                      ["--probe", "--prefix-probe", "--stop-after-request"])
+    ran = run_capture(
+        bundle, _server(free_port()), ["--probe", "--prefix-probe", "--stop-after-request"]
+    )
     assert ran.returncode == 0, ran.stderr
     with open_bundle(bundle) as b:
         probe = json.loads(b.read_bytes("probes/prefix_probe.json"))
@@ -119,12 +128,16 @@ def test_ready_timeout_records_api_ready_not_reached(tmp_path: Path) -> None:
     port = free_port()
     # The server never becomes ready; after --ready-timeout capture stops polling and lets it
     # run. A wrapper ends it a little later so that the test finishes.
-    cmd = [PY, "-c",
-           "import subprocess,sys,time\n"
-           f"p=subprocess.Popen({_server(port, '--never-ready')!r})\n"
-           "time.sleep(3)\np.terminate()\nsys.exit(p.wait())"]
-    ran = run_capture(bundle, cmd, ["--probe", "--url", f"http://127.0.0.1:{port}",
-                                    "--ready-timeout", "1"])
+    cmd = [
+        PY,
+        "-c",
+        "import subprocess,sys,time\n"
+        f"p=subprocess.Popen({_server(port, '--never-ready')!r})\n"
+        "time.sleep(3)\np.terminate()\nsys.exit(p.wait())",
+    ]
+    ran = run_capture(
+        bundle, cmd, ["--probe", "--url", f"http://127.0.0.1:{port}", "--ready-timeout", "1"]
+    )
     assert ran.returncode == 0, ran.stderr
     with open_bundle(bundle) as b:
         launch = b.launch
@@ -137,8 +150,11 @@ def test_ready_timeout_records_api_ready_not_reached(tmp_path: Path) -> None:
 
 def test_server_dying_before_ready_is_reported(tmp_path: Path) -> None:
     bundle = tmp_path / "run.tar"
-    ran = run_capture(bundle, [PY, prog("crasher.py"), "raise"],
-                      ["--probe", "--url", f"http://127.0.0.1:{free_port()}"])
+    ran = run_capture(
+        bundle,
+        [PY, prog("crasher.py"), "raise"],
+        ["--probe", "--url", f"http://127.0.0.1:{free_port()}"],
+    )
     assert ran.returncode == 1
     with open_bundle(bundle) as b:
         launch = b.launch
@@ -149,8 +165,9 @@ def test_server_dying_before_ready_is_reported(tmp_path: Path) -> None:
 def test_api_key_is_sent_but_never_stored(tmp_path: Path) -> None:
     bundle = tmp_path / "run.tar"
     key = "sk-test-0123456789abcdefghijkl"
-    ran = run_capture(bundle, _server(free_port(), "--api-key", key),
-                      ["--probe", "--stop-after-request"])
+    ran = run_capture(
+        bundle, _server(free_port(), "--api-key", key), ["--probe", "--stop-after-request"]
+    )
     assert ran.returncode == 0, ran.stderr
     with open_bundle(bundle) as b:
         fixed = b.requests()[0]

@@ -22,77 +22,94 @@ FIXTURE = Path(__file__).parent / "fixtures" / "gpu"
 class FakeNvml:
     """pynvml's function names over a description of GPUs (the only faked component)."""
 
-    class NVMLError_NotSupported(Exception):  # noqa: N801 - pynvml's naming
+    class NVMLError_NotSupported(Exception):
         pass
 
-    def __init__(self, gpus: list[dict[str, Any]], driver: str = "580.65.06",
-                 cuda: int = 13000) -> None:
+    def __init__(
+        self, gpus: list[dict[str, Any]], driver: str = "580.65.06", cuda: int = 13000
+    ) -> None:
         self.gpus = gpus
         self.driver = driver
         self.cuda = cuda
         self.shutdown_called = False
 
-    def nvmlInit(self) -> None:  # noqa: N802
+    def nvmlInit(self) -> None:
         pass
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self.shutdown_called = True
 
-    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+    def nvmlSystemGetDriverVersion(self) -> str:
         return self.driver
 
-    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:  # noqa: N802
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
         return self.cuda
 
-    def nvmlSystemGetNVMLVersion(self) -> str:  # noqa: N802
+    def nvmlSystemGetNVMLVersion(self) -> str:
         return "13.580.65.06"
 
-    def nvmlSystemGetProcessName(self, pid: int) -> bytes:  # noqa: N802
+    def nvmlSystemGetProcessName(self, pid: int) -> bytes:
         return b"/usr/bin/python3"
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
 
-    def nvmlDeviceGetName(self, h: int) -> bytes:  # noqa: N802
+    def nvmlDeviceGetName(self, h: int) -> bytes:
         return self.gpus[h]["name"].encode()  # old pynvml returns bytes
 
-    def nvmlDeviceGetUUID(self, h: int) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, h: int) -> str:
         return str(self.gpus[h]["uuid"])
 
-    def nvmlDeviceGetPciInfo(self, h: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
         return SimpleNamespace(busId=self.gpus[h]["bus"])
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
         return SimpleNamespace(total=self.gpus[h]["total"], used=self.gpus[h]["used"])
 
-    def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:  # noqa: N802
+    def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
         return (9, 0)
 
-    def nvmlDeviceGetMigMode(self, h: int) -> tuple[int, int]:  # noqa: N802
+    def nvmlDeviceGetMigMode(self, h: int) -> tuple[int, int]:
         if self.gpus[h].get("mig") is None:
             raise self.NVMLError_NotSupported("Not Supported")
         return (self.gpus[h]["mig"], 0)
 
-    def nvmlDeviceGetEccMode(self, h: int) -> tuple[int, int]:  # noqa: N802
+    def nvmlDeviceGetEccMode(self, h: int) -> tuple[int, int]:
         return (1, 1)
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:  # noqa: N802
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
         return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in self.gpus[h]["procs"]]
 
-    def nvmlDeviceGetGraphicsRunningProcesses(self, h: int) -> list[Any]:  # noqa: N802
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: int) -> list[Any]:
         return []
 
 
 def _two_gpus() -> FakeNvml:
-    return FakeNvml([
-        {"name": "NVIDIA H200", "uuid": "GPU-aaaa", "bus": b"00000000:18:00.0",
-         "total": 150 * 2**30, "used": 40 * 2**30, "mig": 0, "procs": [(999999, 40 * 2**30)]},
-        {"name": "NVIDIA H200", "uuid": "GPU-bbbb", "bus": "00000000:2A:00.0",
-         "total": 150 * 2**30, "used": 2**20, "mig": None, "procs": []},
-    ])
+    return FakeNvml(
+        [
+            {
+                "name": "NVIDIA H200",
+                "uuid": "GPU-aaaa",
+                "bus": b"00000000:18:00.0",
+                "total": 150 * 2**30,
+                "used": 40 * 2**30,
+                "mig": 0,
+                "procs": [(999999, 40 * 2**30)],
+            },
+            {
+                "name": "NVIDIA H200",
+                "uuid": "GPU-bbbb",
+                "bus": "00000000:2A:00.0",
+                "total": 150 * 2**30,
+                "used": 2**20,
+                "mig": None,
+                "procs": [],
+            },
+        ]
+    )
 
 
 def test_gpus_from_nvml_have_every_field() -> None:
@@ -104,11 +121,16 @@ def test_gpus_from_nvml_have_every_field() -> None:
     assert g["nvml_version"] == "13.580.65.06"
     d0, d1 = g["devices"]
     assert d0 == {
-        "index": 0, "name": "NVIDIA H200", "uuid": "GPU-aaaa", "pci_bus_id": "00000000:18:00.0",
-        "memory_total_bytes": 150 * 2**30, "memory_used_bytes": 40 * 2**30,
-        "compute_capability": "9.0", "mig_mode": "disabled", "ecc_mode": "enabled",
-        "processes": [{"pid": 999999, "name": "/usr/bin/python3",
-                       "used_memory_bytes": 40 * 2**30}],
+        "index": 0,
+        "name": "NVIDIA H200",
+        "uuid": "GPU-aaaa",
+        "pci_bus_id": "00000000:18:00.0",
+        "memory_total_bytes": 150 * 2**30,
+        "memory_used_bytes": 40 * 2**30,
+        "compute_capability": "9.0",
+        "mig_mode": "disabled",
+        "ecc_mode": "enabled",
+        "processes": [{"pid": 999999, "name": "/usr/bin/python3", "used_memory_bytes": 40 * 2**30}],
     }
     assert d1["mig_mode"] is None  # not supported: unknown, and said so
     assert any("gpu1.mig" in e for e in g["field_errors"])
@@ -117,10 +139,10 @@ def test_gpus_from_nvml_have_every_field() -> None:
 
 def test_no_nvidia_driver_is_source_none_with_the_reason() -> None:
     class NoDriver(FakeNvml):
-        class NVMLError_DriverNotLoaded(Exception):  # noqa: N801
+        class NVMLError_DriverNotLoaded(Exception):
             pass
 
-        def nvmlInit(self) -> None:  # noqa: N802
+        def nvmlInit(self) -> None:
             raise self.NVMLError_DriverNotLoaded("Driver Not Loaded")
 
     g = fp.collect_gpus(NoDriver([]))
@@ -131,7 +153,7 @@ def test_no_nvidia_driver_is_source_none_with_the_reason() -> None:
 
 def test_an_unexpected_nvml_failure_is_source_error() -> None:
     class Broken(FakeNvml):
-        def nvmlInit(self) -> None:  # noqa: N802
+        def nvmlInit(self) -> None:
             raise RuntimeError("GPU is lost")
 
     g = fp.collect_gpus(Broken([]))
@@ -142,7 +164,7 @@ def test_a_hanging_probe_is_time_boxed_and_recorded() -> None:
     release = threading.Event()
 
     class Hanging(FakeNvml):
-        def nvmlInit(self) -> None:  # noqa: N802
+        def nvmlInit(self) -> None:
             release.wait(30)
 
     fingerprint = fp.Fingerprint()
@@ -179,8 +201,11 @@ def test_podman_containerenv_gives_image_and_id(tmp_path: Path) -> None:
 
 def test_options_win_over_detection_and_env_is_the_last_resort(tmp_path: Path) -> None:
     (tmp_path / ".dockerenv").write_text("")
-    env = {"KK3_IMAGE": "from-env:1", "KK3_IMAGE_ID": "sha256:env",
-           "KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+    env = {
+        "KK3_IMAGE": "from-env:1",
+        "KK3_IMAGE_ID": "sha256:env",
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+    }
     c = fp.collect_container(env, image="opt:2", root=str(tmp_path))
     assert c["runtime"] == "docker" and c["runtime_source"] == "/.dockerenv"
     assert c["image_ref"] == "opt:2" and c["image_ref_source"] == "option --image"
@@ -230,7 +255,9 @@ def test_interpreter_from_env_shebang_and_pip_trampoline(tmp_path: Path) -> None
 def test_interpreter_not_found_says_why(tmp_path: Path) -> None:
     _script(tmp_path / "tool", "#!/bin/bash\necho hi\n")
     assert fp.find_interpreter(["tool"], {"PATH": str(tmp_path)}) == (
-        None, "tool runs /bin/bash, not Python")
+        None,
+        "tool runs /bin/bash, not Python",
+    )
     assert fp.find_interpreter(["nope"], {"PATH": str(tmp_path)})[1] == "nope not found on PATH"
     assert fp.find_interpreter([sys.executable, "-m", "vllm"], {})[0] == sys.executable
 
@@ -253,24 +280,48 @@ def test_python_probe_timeout_is_recorded(tmp_path: Path) -> None:
 
 
 def test_selected_env_keeps_the_variables_that_matter() -> None:
-    env = {"CUDA_VISIBLE_DEVICES": "0", "NCCL_P2P_DISABLE": "1", "VLLM_USE_V1": "1",
-           "HF_HOME": "/h", "OMP_NUM_THREADS": "4", "LD_LIBRARY_PATH": "/x", "HOME": "/root",
-           "TERM": "xterm", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    env = {
+        "CUDA_VISIBLE_DEVICES": "0",
+        "NCCL_P2P_DISABLE": "1",
+        "VLLM_USE_V1": "1",
+        "HF_HOME": "/h",
+        "OMP_NUM_THREADS": "4",
+        "LD_LIBRARY_PATH": "/x",
+        "HOME": "/root",
+        "TERM": "xterm",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    }
     assert set(fp.select_env(env)) == set(env) - {"HOME", "TERM"}
 
 
 def test_fingerprint_json_has_the_architecture_shape() -> None:
-    f = fp.collect([sys.executable, "-c", "pass"], {"PATH": os.environ["PATH"]},
-                   nvml=_two_gpus(), timeout=10)
+    f = fp.collect(
+        [sys.executable, "-c", "pass"], {"PATH": os.environ["PATH"]}, nvml=_two_gpus(), timeout=10
+    )
     data = f.to_json()
     assert data["schema"] == "kk3evidence/fingerprint/v1"
-    assert set(data) == {"schema", "collected_at", "host", "gpus", "container", "python", "env",
-                         "libraries", "probes"}
-    assert set(data["host"]) == {"hostname", "kernel", "os", "arch", "cpu_count",
-                                 "mem_total_bytes"}
-    assert set(data["python"]) >= {"interpreter", "python_version", "vllm_version",
-                                   "torch_version", "torch_cuda", "cuda_device_count",
-                                   "nccl_version", "source"}
+    assert set(data) == {
+        "schema",
+        "collected_at",
+        "host",
+        "gpus",
+        "container",
+        "python",
+        "env",
+        "libraries",
+        "probes",
+    }
+    assert set(data["host"]) == {"hostname", "kernel", "os", "arch", "cpu_count", "mem_total_bytes"}
+    assert set(data["python"]) >= {
+        "interpreter",
+        "python_version",
+        "vllm_version",
+        "torch_version",
+        "torch_cuda",
+        "cuda_device_count",
+        "nccl_version",
+        "source",
+    }
     json.dumps(data)  # plain JSON
 
 

@@ -33,8 +33,9 @@ CHILD = (
 
 
 def test_scan_finds_libraries_mapped_by_the_child_and_grandchild() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdin is not None
     try:
         first = proc.stdout.readline()
@@ -55,8 +56,9 @@ def test_scan_finds_libraries_mapped_by_the_child_and_grandchild() -> None:
 
 
 def test_scanner_thread_collects_until_stopped() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdin is not None
     try:
         proc.stdout.readline()
@@ -73,8 +75,11 @@ def test_scanner_thread_collects_until_stopped() -> None:
 
 
 def test_group_members_skip_other_groups() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                            stdin=subprocess.PIPE, process_group=0)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        process_group=0,
+    )
     try:
         assert group_members(proc.pid) == [proc.pid]
     finally:
@@ -85,10 +90,10 @@ def test_group_members_skip_other_groups() -> None:
 
 
 MAPS = """\
-7f0000000000-7f0000001000 r-xp 00000000 08:01 123 /usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06
-7f0000001000-7f0000002000 r--p 00000000 08:01 124 /opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
-7f0000002000-7f0000003000 r--p 00000000 08:01 125 /opt/venv/lib/python3.12/site-packages/torch/lib/libtorch_cuda.so
-7f0000003000-7f0000004000 r--p 00000000 08:01 126 /usr/local/cuda/lib64/libcudart.so.13.0.48 (deleted)
+7f0000000000-7f0000001000 r-xp 00000000 08:01 123 /usr/lib/x86_64/libcuda.so.580.65.06
+7f0000001000-7f0000002000 r--p 00000000 08:01 124 /v/site-packages/nvidia/nccl/lib/libnccl.so.2
+7f0000002000-7f0000003000 r--p 00000000 08:01 125 /v/site-packages/torch/lib/libtorch_cuda.so
+7f0000003000-7f0000004000 r--p 00000000 08:01 126 /usr/cuda/lib64/libcudart.so.13.0.48 (deleted)
 7f0000004000-7f0000005000 rw-p 00000000 00:00 0 [heap]
 7f0000005000-7f0000006000 r--p 00000000 08:01 127 /usr/lib/libc.so.6
 """
@@ -100,16 +105,17 @@ def test_fake_proc_tree_and_versions_from_names_and_wheels(tmp_path: Path) -> No
     (site / "nvidia_nccl_cu13-2.27.7.dist-info").mkdir()
     (site / "torch" / "lib").mkdir(parents=True)
     (site / "torch-2.11.0+cu130.dist-info").mkdir()
-    maps = MAPS.replace("/opt/venv/lib/python3.12/site-packages", str(site))
+    maps = MAPS.replace("/v/site-packages", str(site))
     found = scan_libraries([1, 2], read_maps=lambda pid: maps if pid == 1 else None)
     assert set(found) == {
-        "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06",
+        "/usr/lib/x86_64/libcuda.so.580.65.06",
         f"{site}/nvidia/nccl/lib/libnccl.so.2",
         f"{site}/torch/lib/libtorch_cuda.so",
-        "/usr/local/cuda/lib64/libcudart.so.13.0.48",
+        "/usr/cuda/lib64/libcudart.so.13.0.48",
     }
-    scanner = LibraryScanner(1, read_maps=lambda pid: maps if pid == 1 else None,
-                             proc_root=str(tmp_path / "noproc"))
+    scanner = LibraryScanner(
+        1, read_maps=lambda pid: maps if pid == 1 else None, proc_root=str(tmp_path / "noproc")
+    )
     scanner.scan_once()
     libs = {lib.name: lib for lib in scanner.libraries()}
     assert libs["libcuda"].version == "580.65.06"

@@ -39,8 +39,12 @@ def test_prometheus_parsing_never_raises(text: str, metric: str) -> None:
 
 def test_api_target_from_vllm_serve_flags() -> None:
     t = probe.api_target(["vllm", "serve", "m", "--host", "0.0.0.0", "--port=8011"], {})
-    assert (t.host, t.port, t.base_url, t.how) == ("127.0.0.1", 8011, "http://127.0.0.1:8011",
-                                                   "CMD arguments")
+    assert (t.host, t.port, t.base_url, t.how) == (
+        "127.0.0.1",
+        8011,
+        "http://127.0.0.1:8011",
+        "CMD arguments",
+    )
     d = probe.api_target(["vllm", "serve", "m"], {})
     assert (d.port, d.how) == (8000, "vLLM defaults")
 
@@ -54,8 +58,12 @@ def test_api_target_for_another_server_and_explicit_url() -> None:
     t = probe.api_target(["python", "server.py", "--port", "9000"], {})
     assert (t.host, t.port) == ("127.0.0.1", 9000)
     u = probe.api_target(["x"], {}, url="http://10.1.2.3:8080/")
-    assert (u.host, u.port, u.base_url, u.how) == ("10.1.2.3", 8080, "http://10.1.2.3:8080",
-                                                   "option --url")
+    assert (u.host, u.port, u.base_url, u.how) == (
+        "10.1.2.3",
+        8080,
+        "http://10.1.2.3:8080",
+        "option --url",
+    )
 
 
 @given(st.integers(1, 512), st.one_of(st.none(), st.integers(64, 100_000)))

@@ -129,6 +129,14 @@ def _say(message: str) -> None:
     metavar="SECONDS",
     help="How long CMD's group may outlive CMD before it is stopped.",
 )
+@click.option(
+    "--python-timeout",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Time limit of the probe of CMD's Python side (torch, vLLM versions).",
+)
 @click.option("--no-analyze", is_flag=True, help="Do not analyze the log at the end.")
 @click.argument("cmd", nargs=-1, required=True, metavar="-- CMD...")
 @handle_errors
@@ -152,6 +160,7 @@ def command(
     stop_after_request: bool,
     request_timeout: float,
     grace: float,
+    python_timeout: float,
     no_analyze: bool,
     cmd: tuple[str, ...],
 ) -> None:
@@ -182,6 +191,7 @@ def command(
         stop_after_request=stop_after_request,
         request_timeout=request_timeout,
         grace=grace,
+        python_timeout=python_timeout,
         analyze=not no_analyze,
     )
     out, err = main_passthrough_sinks()

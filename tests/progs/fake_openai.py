@@ -41,7 +41,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
     args = state.args
 
     class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *a: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *a: object) -> None:
             print(f'INFO:     {self.client_address[0]} - "{self.requestline}" {a[1]}', flush=True)
 
         def _send(self, code: int, obj: object, ctype: str = "application/json") -> None:
@@ -60,7 +60,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             self._send(401, {"error": "Unauthorized"})
             return False
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path == "/health":
                 with state.lock:
                     state.health_polls += 1
@@ -68,9 +68,19 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 self._send(200 if ready else 503, "" if ready else "starting")
             elif self.path == "/v1/models":
                 if self._authorized():
-                    self._send(200, {"object": "list", "data": [
-                        {"id": args.served_model_name, "object": "model",
-                         "max_model_len": args.max_model_len}]})
+                    self._send(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [
+                                {
+                                    "id": args.served_model_name,
+                                    "object": "model",
+                                    "max_model_len": args.max_model_len,
+                                }
+                            ],
+                        },
+                    )
             elif self.path == "/metrics":
                 with state.lock:
                     q, h = state.queries, state.hits
@@ -87,7 +97,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, {"error": "not found"})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             if not self._authorized():
                 return
             length = int(self.headers.get("Content-Length") or 0)
@@ -97,8 +107,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 self._send(400, {"error": {"message": "bad JSON"}})
                 return
             if args.crash_on_request:
-                print("RuntimeError: CUDA error: an illegal memory access was encountered",
-                      flush=True)
+                print(
+                    "RuntimeError: CUDA error: an illegal memory access was encountered", flush=True
+                )
                 os._exit(1)
             if self.path == "/v1/chat/completions":
                 prompt = " ".join(m.get("content", "") for m in body.get("messages", []))
@@ -118,15 +129,19 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             if cached:
                 log(f"Prefix cache hit rate: {100.0 * cached / max(tokens, 1):.1f}%")
             answer = "fixed answer"
-            usage = {"prompt_tokens": tokens, "completion_tokens": 2,
-                     "total_tokens": tokens + 2}
+            usage = {"prompt_tokens": tokens, "completion_tokens": 2, "total_tokens": tokens + 2}
             if args.prompt_tokens_details:
                 usage["prompt_tokens_details"] = {"cached_tokens": cached}
-            self._send(200, {"id": "cmpl-1", "object": "chat.completion",
-                             "model": body.get("model"),
-                             "choices": [{"index": 0, "message": {"role": "assistant",
-                                                                  "content": answer}}],
-                             "usage": usage})
+            self._send(
+                200,
+                {
+                    "id": "cmpl-1",
+                    "object": "chat.completion",
+                    "model": body.get("model"),
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}}],
+                    "usage": usage,
+                },
+            )
 
     return Handler
 

@@ -3,8 +3,9 @@
 usage: flood.py MEGABYTES [--line-bytes N] [--stamp]
 
 Each line is "<n> <padding>\n" (or, with --stamp, "<monotonic_ns> <n> ..." so a reader can
-measure pass-through latency). Prints the number of lines written to stderr at the end:
-"flood: wrote N lines".
+measure pass-through latency). Prints the number of lines written and its own run time to
+stderr at the end:
+"flood: wrote N lines in S s".
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main() -> int:
     pad = b"INFO 11-30 01:48:29 [core.py:133] engine step " + b"x" * 200
     written = 0
     n = 0
+    start = time.monotonic()
     if args.stamp:
         while written < total:
             body = b"%d %d " % (time.monotonic_ns(), n)
@@ -52,7 +54,7 @@ def main() -> int:
             written += len(chunk)
             n += chunk.count(b"\n")
     out.flush()
-    sys.stderr.write(f"flood: wrote {n} lines\n")
+    sys.stderr.write(f"flood: wrote {n} lines in {time.monotonic() - start:.3f} s\n")
     return 0
 
 
