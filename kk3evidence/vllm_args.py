@@ -729,8 +729,8 @@ def render_argv(cmd: ServeCommand, *, program: Sequence[str] | None = None) -> l
             elif spec.negatable:
                 out.append(f"--no-{name}")
             continue
-        if spec is None and value is True:
-            out.append(f"--{name}")
+        if value is True and (spec is None or spec.nargs in ("?", "*")):
+            out.append(f"--{name}")  # given without a value
             continue
         if value is None:
             continue
