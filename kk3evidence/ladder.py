@@ -713,6 +713,7 @@ class CaptureRunner:
                     classes.append("no answer")
             else:
                 recs = self._send(step, target, headers, shown, rd.served_model)
+                self._save_metrics(step, target, headers)
                 requests_dir = f"step-{step.id:02d}/requests"
                 for r in recs:
                     classes.append(_status_class(r.get("status"), r.get("error")))
@@ -741,7 +742,25 @@ class CaptureRunner:
             group.records.append((step, record))
             if not on_step(step, record):
                 break
+        # capture reads /metrics right after its own requests: let it finish before stopping
+        after = group.staging / "metrics" / "after.prom"
+        deadline = time.monotonic() + 20.0
+        while group.capture_requests and not after.exists() and time.monotonic() < deadline:
+            if group.finished.wait(0.2):
+                break
         self._stop_server(group)
+
+    def _save_metrics(self, step: PlanStep, target: Any, headers: Mapping[str, str]) -> None:
+        """``/metrics`` after a step that ran on a reused server (prefix-cache counters etc.)."""
+        from . import probe
+
+        auth = {k: v for k, v in headers.items() if k == "Authorization"}
+        with probe.make_client() as client:
+            text, _err = probe.fetch_metrics(client, target, auth)
+        if text is not None:
+            folder = self.out_dir / f"step-{step.id:02d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "metrics-after.prom").write_text(text, encoding="utf-8")
 
     def _send(
         self,

@@ -210,6 +210,7 @@ def test_ladder_stops_at_the_step_whose_request_fails(tmp_path: Path, server: li
     assert (out / "step-00.tar").is_file()
     recs = sorted((out / "step-02" / "requests").glob("*.json"))
     assert len(recs) == 1 and json.loads(recs[0].read_text())["status"] == 400
+    assert (out / "step-02" / "metrics-after.prom").is_file()
     assert len(list((out / "step-01" / "requests").glob("*.json"))) == 2
 
 
