@@ -322,3 +322,20 @@ def test_live_argument_table_from_the_installed_vllm_matches_the_shipped_one() -
     shipped = load_arg_table(live.vllm_version)
     assert set(live.specs) == set(shipped.specs)
     assert live.specs["tensor-parallel-size"].aliases == ("-tp",)
+
+
+def test_real_command_lines_minimize_to_the_model_and_what_starts_it(realruns: Path) -> None:
+    for f in sorted(realruns.glob("*/command.txt")):
+        argv = _split_command_text(f.read_text())
+        mini = minimize(argv)
+        assert mini.minimal.model == argv[2], f
+        # dtype, host, port and the parallel layout stay; names and context length go
+        assert {"host", "port", "dtype"} <= set(mini.minimal.flags) or "dtype" not in argv, f
+        assert "served-model-name" not in mini.minimal.flags
+        assert "max-model-len" not in mini.minimal.flags
+        if "--tensor-parallel-size" in argv:
+            assert "tensor-parallel-size" in mini.minimal.flags
+        if "--load-format" in argv:
+            assert mini.minimal.flags["load-format"] == "fastsafetensors"
+        plan = build_plan(mini)
+        parse_plan(plan_to_toml(plan), str(f))
