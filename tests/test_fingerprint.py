@@ -364,3 +364,27 @@ def test_gpu_capture_fixture_shows_loaded_cuda_libraries_and_other_jobs() -> Non
     assert fpj["python"]["torch_cuda"] == fpj["gpus"]["cuda_driver_version"]
     others = notes["cluster"]["gpu_processes"]
     assert others and others[0]["used_memory_bytes"] > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "stage", "category"),
+    [("gpu-oom.tar", None, "oom"), ("gpu-novisible.tar", "device_discovery", "cuda_init")],
+)
+def test_gpu_failure_captures_are_valid_and_analyze_to_their_cause(
+    name: str, stage: str | None, category: str
+) -> None:
+    from kk3evidence.analysis import analyze
+    from kk3evidence.bundle import open_bundle, validate
+
+    path = FIXTURE / name
+    if not path.exists():
+        pytest.skip(f"{name} not recorded")
+    assert validate(path) == []
+    with open_bundle(path) as b:
+        fpj, launch = b.fingerprint, b.launch
+    assert fpj is not None and launch is not None
+    assert fpj["gpus"]["source"] == "nvml" and launch["exit_code"] == 1
+    ff = analyze(str(path)).first_failure
+    assert ff is not None and ff.category == category
+    if stage is not None:
+        assert ff.stage == stage
