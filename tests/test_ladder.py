@@ -34,6 +34,10 @@ SERVER = textwrap.dedent(
     def log(level, msg):
         print(f"(APIServer pid={pid}) {level} 11-30 01:56:15 [api_server.py:1] {msg}", flush=True)
     log("INFO", "Starting to load model " + args[1])
+    hang = opt("--hang-if-exists")
+    if hang and os.path.exists(hang):
+        log("INFO", "loading weights (hanging)")
+        signal.pause()
     if "--fail-start" in args:
         print(f"(EngineCore pid={pid}) ERROR 11-30 01:56:15 [core.py:1510] ValueError: To serve "
               "at least one request with the model's max seq len (2048), (0.0 GiB KV cache is "
@@ -354,3 +358,29 @@ def test_changed_argv_step_gets_the_bundle_diff_verdict(tmp_path: Path, server: 
     result = run_ladder(load_plan(plan_path), tmp_path / "run", progress=QUIET)
     assert result.diff_summary is not None
     assert "changed" in result.diff_summary
+
+
+def test_ctrl_c_exits_130_and_a_rerun_resumes(tmp_path: Path, server: list[str]) -> None:
+    import signal
+    import subprocess
+
+    flag = tmp_path / "hang"
+    flag.write_text("")
+    port = str(free_port())
+    base = [*server, "--port", port, "--hang-if-exists", str(flag)]
+    plan_path = write_plan(tmp_path / "plan.toml", step(0, "baseline", base, "baseline"))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "kk3evidence", "ladder", str(plan_path), "-o", str(out), "-v"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # wait until the served program is up and hanging
+        if "hanging" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "run the same command again to resume" in err
+    flag.unlink()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "all 1 steps keep the outcome" in again.stdout
