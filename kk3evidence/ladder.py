@@ -1045,8 +1045,11 @@ def run_ladder(
 
     if verdict is None:
         verdict = "stable"
+        outcome = records[0].outcome.describe()
         message = (
-            f"all {n} steps keep the outcome of the baseline ({records[0].outcome.describe()})"
+            f"all {n} steps keep the outcome of the baseline ({outcome})"
+            if n > 1
+            else f"the baseline works ({outcome}); the plan has no further step"
         )
     diff_summary: str | None = None
     if verdict == "changed" and last_stable is not None:
