@@ -426,7 +426,8 @@ def build_plan(
     current: dict[str, FlagValue] = dict(mini.minimal.flags)
     steps: list[PlanStep] = []
     req = RequestSpec()
-    env = dict(mini.source.env)
+    # Secret-looking environment values go into the plan by name only.
+    env = {k: f"${{{k}}}" if _secret_env(k) else v for k, v in mini.source.env.items()}
 
     def argv_now() -> tuple[str, ...]:
         flags = {n: _secret_ref(n, current[n]) for n in order if n in current}
@@ -573,7 +574,7 @@ def build_plan(
                     program=src.program,
                     model=src.model,
                     flags={n: _secret_ref(n, v) for n, v in src.flags.items()},
-                    env=src.env,
+                    env=env,
                     table=table,
                 )
             ),
@@ -582,7 +583,7 @@ def build_plan(
                     program=src.program,
                     model=src.model,
                     flags={n: _secret_ref(n, v) for n, v in mini.minimal.flags.items()},
-                    env=src.env,
+                    env=env,
                     table=table,
                 )
             ),
@@ -598,9 +599,18 @@ def build_plan(
     secrets += sorted(
         {_SECRET_FLAGS[c.name] for c in mini.kept if c.name in _SECRET_FLAGS} - set(secrets)
     )
+    secrets += sorted(k for k in env if _secret_env(k) and k not in secrets)
     if secrets:
         plan["plan"]["env_required"] = secrets
     return plan
+
+
+_SECRET_ENV_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+
+
+def _secret_env(name: str) -> bool:
+    upper = name.upper()
+    return any(part in upper for part in _SECRET_ENV_PARTS)
 
 
 def _json_value(v: FlagValue) -> Any:

@@ -339,3 +339,15 @@ def test_real_command_lines_minimize_to_the_model_and_what_starts_it(realruns: P
             assert mini.minimal.flags["load-format"] == "fastsafetensors"
         plan = build_plan(mini)
         parse_plan(plan_to_toml(plan), str(f))
+
+
+def test_secret_environment_values_are_referenced_by_name() -> None:
+    argv = ["HF_TOKEN=hf_secretvalue", "VLLM_ENGINE_READY_TIMEOUT_S=3600", "vllm", "serve", "M"]
+    plan = build_plan(minimize(argv))
+    text = plan_to_toml(plan)
+    assert "hf_secretvalue" not in text
+    assert plan["step"][0]["env"] == {
+        "HF_TOKEN": "${HF_TOKEN}",
+        "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
+    }
+    assert plan["plan"]["env_required"] == ["HF_TOKEN"]
