@@ -35,6 +35,7 @@ __all__ = [
     "FlagValue",
     "ServeCommand",
     "flag_diff",
+    "format_value",
     "is_vllm_serve",
     "load_arg_table",
     "parse_serve_argv",
@@ -813,6 +814,11 @@ def _fmt(v: FlagValue) -> str:
     if isinstance(v, bool):
         return "on" if v else "off"
     return str(v)
+
+
+def format_value(v: FlagValue) -> str:
+    """A flag value for people: booleans as on/off, lists space-separated, [] when empty."""
+    return _fmt(v)
 
 
 def _same(a: FlagValue, b: FlagValue) -> bool:
