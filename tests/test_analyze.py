@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
@@ -38,7 +39,17 @@ SPEC_KEYS = [
 ]
 
 
+ANALYSIS_SCHEMA = json.loads(
+    (Path(__file__).resolve().parent.parent / "schemas" / "analysis.schema.json").read_text(
+        encoding="utf-8"
+    )
+)
+_VALIDATOR = jsonschema.Draft202012Validator(ANALYSIS_SCHEMA)
+
+
 def _check_spec_shape(doc: dict) -> None:  # type: ignore[type-arg]
+    errors = [e.message for e in _VALIDATOR.iter_errors(doc)]
+    assert not errors, errors
     assert [k for k in doc if k != "extra"] == SPEC_KEYS
     assert doc["schema"] == "kk3evidence/analysis/v1"
     for s in doc["stages"]:
@@ -240,6 +251,7 @@ REAL_EXPECTED: dict[str, tuple[int, str] | None] = {
 @pytest.mark.parametrize("scenario", sorted(REAL_EXPECTED))
 def test_real_vllm_run(realruns: Path, scenario: str) -> None:
     a = analyze(realruns / scenario / "output.log")
+    _check_spec_shape(a.to_json())
     want = REAL_EXPECTED[scenario]
     if want is None:
         assert a.first_failure is None, a.first_failure
