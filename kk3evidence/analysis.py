@@ -49,6 +49,7 @@ class _Compiled:
     prefilter: Prefilter
     n_rule_anchors: int
     single: tuple[bool, ...]
+    noise_only: tuple[bool, ...]  # anchors of noise rules only: never a reason to look at a line
 
 
 _CACHE: dict[int, _Compiled] = {}
@@ -61,15 +62,18 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
         return got
     anchors = list(ruleset.anchors)
     single = [all(r.simple for r in rules) for rules in ruleset.anchor_rules]
+    noise_only = [all(r.kind == "noise" for r in rules) for rules in ruleset.anchor_rules]
     for a in _STRUCTURAL_ANCHORS:
         anchors.append(a)
         single.append(False)
+        noise_only.append(False)
     c = _Compiled(
         ruleset=ruleset,
         classifier=Classifier(ruleset),
         prefilter=Prefilter(anchors, single, engine=engine),
         n_rule_anchors=len(ruleset.anchors),
         single=tuple(single),
+        noise_only=tuple(noise_only),
     )
     _CACHE[key] = c
     return c
@@ -222,6 +226,7 @@ class AnalysisEngine:
             else:
                 others.append((end, aid))
 
+        noise_only = c.noise_only
         tracker = self._tracker
         pos = lo
         line_no = base
@@ -243,7 +248,8 @@ class AnalysisEngine:
                 self._line(block, pos, e, line_no, ids)
                 pos = e + 1
                 continue
-            while k < n_hits and others[k][0] <= pos:
+            # Noise anchors alone never make a line worth a look (noise only suppresses).
+            while k < n_hits and (others[k][0] <= pos or noise_only[others[k][1]]):
                 k += 1
             if k >= n_hits:
                 line_no += count(b"\n", pos)
@@ -258,6 +264,10 @@ class AnalysisEngine:
             if e < 0:
                 e = n
             ids = []
+            j = k - 1
+            while j >= 0 and others[j][0] > s and others[j][0] > pos:
+                ids.append(others[j][1])  # noise anchors earlier in the same line
+                j -= 1
             while k < n_hits and others[k][0] <= e:
                 ids.append(others[k][1])
                 k += 1
