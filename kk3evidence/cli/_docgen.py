@@ -17,28 +17,30 @@ Generated from the commands' own help by `python -m kk3evidence.cli._docgen > do
 """
 
 
-def _help(cmd: click.Command, path: list[str]) -> str:
-    ctx = click.Context(cmd, info_name=" ".join(path), max_content_width=100, terminal_width=100)
-    return cmd.get_help(ctx)
+def _help(ctx: click.Context) -> str:
+    return ctx.command.get_help(ctx)
 
 
 def render() -> str:
-    parts = [HEADER, "## kk3evidence\n\n```text\n", _help(main, ["kk3evidence"]), "\n```\n"]
-    ctx = click.Context(main, info_name="kk3evidence")
-    for name in main.list_commands(ctx):
-        cmd = main.get_command(ctx, name)
+    # Contexts are chained from the root so every command sees the group's settings
+    # (help option names, width) exactly as on a terminal 100 columns wide.
+    settings = {**main.context_settings, "max_content_width": 100, "terminal_width": 100}
+    root = click.Context(main, info_name="kk3evidence", **settings)
+    parts = [HEADER, "## kk3evidence\n\n```text\n", _help(root), "\n```\n"]
+    for name in main.list_commands(root):
+        cmd = main.get_command(root, name)
         if cmd is None:
             continue
-        parts += [f"\n## kk3evidence {name}\n\n```text\n", _help(cmd, ["kk3evidence", name])]
-        parts.append("\n```\n")
+        ctx = click.Context(cmd, info_name=name, parent=root)
+        parts += [f"\n## kk3evidence {name}\n\n```text\n", _help(ctx), "\n```\n"]
         if isinstance(cmd, click.Group):
-            sub_ctx = click.Context(cmd, info_name=name, parent=ctx)
-            for sub in cmd.list_commands(sub_ctx):
-                sc = cmd.get_command(sub_ctx, sub)
+            for sub in cmd.list_commands(ctx):
+                sc = cmd.get_command(ctx, sub)
                 if sc is None:
                     continue
-                parts += [f"\n### kk3evidence {name} {sub}\n\n```text\n"]
-                parts += [_help(sc, ["kk3evidence", name, sub]), "\n```\n"]
+                sub_ctx = click.Context(sc, info_name=sub, parent=ctx)
+                parts += [f"\n### kk3evidence {name} {sub}\n\n```text\n", _help(sub_ctx)]
+                parts.append("\n```\n")
     return "".join(parts)
 
 
