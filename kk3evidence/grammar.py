@@ -32,6 +32,7 @@ __all__ = [
     "BLOCKS",
     "LEVELS",
     "CompiledPattern",
+    "Envelope",
     "LogLine",
     "TracebackTracker",
     "compile_pattern",
@@ -287,6 +288,11 @@ class LogLine:
     @property
     def in_traceback(self) -> bool:
         return self.tb_role is not None
+
+    @property
+    def raw(self) -> str:
+        """The visible line (decoded; the raw bytes are never kept)."""
+        return self.text
 
     @property
     def key(self) -> str | None:
@@ -615,3 +621,6 @@ def _with_tb(line: LogLine, role: str, chain: int, index: int) -> LogLine:
 
 
 ParseFn = Callable[[int, bytes | str], LogLine]
+
+#: The envelope of one line; the same record as :class:`LogLine`.
+Envelope = LogLine

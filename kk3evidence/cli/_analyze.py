@@ -40,8 +40,8 @@ def render_text(a: Analysis) -> str:
     if not a.stages:
         out.append("  (no stage evidence found)")
     for s in a.stages:
-        mark = {"completed": "ok", "failed": "FAILED", "started": "started"}[s.status]
-        out.append(f"  {s.stage:<17} {mark:<8} lines {s.first_line}-{s.last_line}")
+        mark = {"completed": "completed", "failed": "FAILED", "started": "started"}[s.status]
+        out.append(f"  {s.stage:<17} {mark:<10} lines {s.first_line}-{s.last_line}")
     out.append(f"Last stage reached: {a.last_stage_reached or 'none'}")
     out.append("")
     ff = a.first_failure
