@@ -126,3 +126,15 @@ def test_hostile_text_cannot_drive_the_terminal(tmp_path: Path) -> None:
     assert result.exit_code == 4
     assert "notes.json $.notes" in result.output
     assert "\u202e" not in result.output and "\x1b" not in result.output
+
+
+def test_seal_default_output_follows_capture_naming(tmp_path: Path) -> None:
+    stg = tmp_path / "run.tar.gz.staging"
+    BundleWriter(stg)
+    result = CliRunner().invoke(main, ["seal", str(stg)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run.tar.gz").read_bytes()[:2] == b"\x1f\x8b"
+    # Never overwrite an existing bundle by default.
+    again = CliRunner().invoke(main, ["seal", str(stg)])
+    assert again.exit_code == 2
+    assert "already exists" in again.output

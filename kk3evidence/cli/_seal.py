@@ -7,9 +7,19 @@ from pathlib import Path
 import click
 
 from kk3evidence.bundle import seal, validate
-from kk3evidence.errors import BundleError
+from kk3evidence.errors import BundleError, UsageError
 
 from ._common import handle_errors
+
+
+def default_output(staging: Path) -> Path:
+    """``run.tar.staging`` (capture's name) -> ``run.tar``; any other folder X -> ``X.tar``."""
+    name = staging.name
+    if name.endswith(".staging") and len(name) > len(".staging"):
+        name = name[: -len(".staging")]
+        if name.endswith((".tar", ".tar.gz", ".tgz")):
+            return staging.with_name(name)
+    return staging.with_name(name + ".tar")
 
 
 @click.command(name="seal")
@@ -20,7 +30,8 @@ from ._common import handle_errors
     "output",
     metavar="OUT",
     default=None,
-    help="Bundle to write (.tar, or .tar.gz/.tgz for gzip). Default: STAGING.tar beside it.",
+    help="Bundle to write (.tar, or .tar.gz/.tgz for gzip). Default: beside STAGING, "
+    "run.tar for capture's run.tar.staging, else STAGING.tar; never overwritten.",
 )
 @click.option(
     "--remove-staging", is_flag=True, help="Delete the staging folder once the bundle is written."
@@ -35,7 +46,9 @@ def command(staging: str, output: str | None, remove_staging: bool) -> None:
     not a usable staging folder.
     """
     src = Path(staging)
-    out = Path(output) if output else src.with_name(src.name.rstrip("/") + ".tar")
+    out = Path(output) if output else default_output(src)
+    if output is None and out.exists():
+        raise UsageError(f"{out} already exists; choose where to write with -o OUT")
     path = seal(src, out, remove_staging=remove_staging)
     problems = validate(path)
     if problems:  # a bug of ours; say so rather than hand over a bad bundle silently
