@@ -186,6 +186,10 @@ class _Seen:
     data: bytes | None  # kept for JSON members only
 
 
+_CACHE_MEMBER_BYTES = 4 * 1024 * 1024
+_CACHE_TOTAL_BYTES = 64 * 1024 * 1024
+
+
 def _member_limit(name: str, limits: Limits) -> int:
     if name.endswith(".json"):
         return limits.max_json_bytes
@@ -259,6 +263,7 @@ class _Scanner:
         tops: list[str] = []
         names: set[str] = set()
         folded_names: dict[str, str] = {}
+        cached = 0
         for info in tar.headers():
             count += 1
             if count > lim.max_members:
@@ -411,7 +416,15 @@ class _Scanner:
                 )
                 return
             digest = hashlib.sha256()
-            keep = rest.endswith(".json")
+            # JSON is parsed after the pass; small metrics are kept so metrics() need not
+            # decompress the archive again.
+            keep = rest.endswith(".json") or (
+                rest.startswith("metrics/")
+                and info.size <= _CACHE_MEMBER_BYTES
+                and cached + info.size <= _CACHE_TOTAL_BYTES
+            )
+            if keep and not rest.endswith(".json"):
+                cached += info.size
             chunks: list[bytes] = []
             try:
                 for chunk in tar.read_data(info.offset_data, info.size):
@@ -612,8 +625,9 @@ class _Scanner:
                 continue
             yield from _schema.iter_schema_problems(stem, doc, name)
             self.documents[name] = doc
-        for got in seen.values():
-            got.data = None  # parsed documents are kept; raw bytes are not
+        for name, got in seen.items():
+            if name.endswith(".json"):
+                got.data = None  # parsed documents are kept; raw JSON bytes are not
 
 
 _FATAL = frozenset(
@@ -736,6 +750,12 @@ class Bundle:
             for name, s in scan.seen.items()
             if name != MANIFEST
         }
+        # Small verified members kept from the scan (metrics): no second decompression.
+        self._cached: dict[str, bytes] = {
+            name: s.data
+            for name, s in scan.seen.items()
+            if s.data is not None and not name.endswith(".json")
+        }
         self._file_id = scan.file_id
         self.closed = False
 
@@ -842,6 +862,8 @@ class Bundle:
 
     def read_bytes(self, name: str) -> bytes:
         """A whole member in memory (for small members; logs should be streamed)."""
+        if name in self._cached:
+            return self._cached[name]
         with self.open_member(name) as fp:
             return fp.read()
 
@@ -1285,8 +1307,15 @@ def _check_self_sha256(data: bytes) -> Problem | None:
 
 
 def _member_sort_key(name: str) -> tuple[int, str]:
+    """Small members first and the big log last: reading a member of a .tar.gz means
+    decompressing everything stored before it."""
     order = {"fingerprint.json": 0, "launch.json": 1, "notes.json": 2, "analysis.json": 3}
-    return (order.get(name, 4), name)
+    if name in order:
+        return (order[name], name)
+    if name == LOG_MEMBER:
+        return (9, name)
+    folder = name.split("/", 1)[0]
+    return ({"requests": 4, "metrics": 5, "probes": 6, "logs": 7}.get(folder, 8), name)
 
 
 def _hash_file(path: Path) -> tuple[int, str]:

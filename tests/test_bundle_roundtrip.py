@@ -70,6 +70,13 @@ def test_layout_has_one_top_folder_and_manifest_first(tmp_path: Path) -> None:
         names = tf.getnames()
         infos = tf.getmembers()
     assert names[0] == "kk3-test/manifest.json"
+    # Small members first, the big log last (cheap random access in a .tar.gz).
+    assert names[1:4] == [
+        "kk3-test/fingerprint.json",
+        "kk3-test/launch.json",
+        "kk3-test/notes.json",
+    ]
+    assert names[-1] == "kk3-test/logs/combined.log"
     assert all(n.startswith("kk3-test/") for n in names)
     assert all(i.isreg() and i.mode == 0o644 and i.uid == 0 for i in infos)
     assert {i.mtime for i in infos} == {int(CREATED.timestamp())}
