@@ -35,7 +35,13 @@ from typing import BinaryIO, Protocol
 #: a partial line longer than this (no newline yet) is written as it is
 MAX_PARTIAL = 64 * 1024
 #: bytes waiting for the log writer before new chunks are dropped from the log
-DEFAULT_QUEUE_BYTES = 48 * 1024 * 1024
+DEFAULT_QUEUE_BYTES = 32 * 1024 * 1024
+#: with more than this waiting, the writer only appends to the log and indexes later
+PRESSURE_BYTES = 4 * 1024 * 1024
+#: log blocks kept in memory for indexing later; beyond this they are read back from the file
+PENDING_MEMORY = 4 * 1024 * 1024
+#: bytes indexed between two looks at the queue while catching up
+INDEX_STEP = 2 * 1024 * 1024
 READ_SIZE = 1024 * 1024
 INDEX_HEADER = b"offset\tstream\twall_ns\tmono_ns\n"
 _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (not exported before Python 3.10 on every build)
@@ -44,7 +50,7 @@ STREAMS = ("out", "err")
 
 
 class Writable(Protocol):
-    def write(self, data: bytes, /) -> object: ...
+    def write(self, data: bytes | memoryview, /) -> object: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +80,10 @@ def enlarge_pipe(fd: int, size: int = READ_SIZE) -> None:
         fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", _F_SETPIPE_SZ), size)
 
 
-def fd_writer(fd: int) -> Callable[[bytes], None]:
+def fd_writer(fd: int) -> Callable[[bytes | memoryview], None]:
     """A pass-through sink writing all of ``data`` to ``fd`` (blocking, like ``tee``)."""
 
-    def write(data: bytes) -> None:
+    def write(data: bytes | memoryview) -> None:
         view = memoryview(data)
         while view:
             try:
@@ -97,7 +103,7 @@ class LineRecorder:
         log: BinaryIO | Writable,
         index: BinaryIO | Writable,
         *,
-        redact: Callable[[bytes], bytes] | None = None,
+        redact: Callable[[bytes | memoryview], bytes | memoryview] | None = None,
         max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         on_first_loss: Callable[[str], None] | None = None,
     ) -> None:
@@ -118,6 +124,16 @@ class LineRecorder:
         self._losses: dict[tuple[str, str], list[int]] = {}  # -> [bytes, lines, first_ns]
         self._loss_lock = threading.Lock()
         self._warned = False
+        # Blocks written to the log but not yet indexed: (offset, length, bytes or None, stream,
+        # wall, mono). Indexing costs ~4 ms per MB of short lines; during a flood it waits so
+        # that the pump keeps up, and catches up when the writer is idle or at close.
+        self._pending: collections.deque[
+            tuple[int, int, bytes | memoryview | None, int, int, int]
+        ] = collections.deque()
+        self._pending_bytes = 0
+        name = getattr(log, "name", None)
+        self._log_path = name if isinstance(name, str) else None
+        self._reader: int | None = None
         self._index_ok = self._safe_write(self._index, INDEX_HEADER, "logs/lines.tsv", 0)
         self._thread = threading.Thread(target=self._run, name="kk3-log-writer", daemon=True)
         self._thread.start()
@@ -166,13 +182,19 @@ class LineRecorder:
                 self._queued = 0
             for stream, data, wall, mono in batch:
                 self._take(stream, data, wall, mono)
+            if self._queued < PRESSURE_BYTES:
+                self._index_pending(budget=INDEX_STEP)
             # Each batch reaches the OS at once: a SIGKILLed shim loses nothing it wrote.
             self._flush()
         for stream in (0, 1):
             if self._partial[stream]:
                 self._emit(stream, self._partial[stream], time.time_ns(), time.monotonic_ns())
                 self._partial[stream] = b""
+        self._index_pending()
         self._flush()
+        if self._reader is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._reader)
 
     def _flush(self) -> None:
         names = ("logs/combined.log", "logs/lines.tsv")
@@ -191,17 +213,28 @@ class LineRecorder:
                 self._emit(stream, self._partial[stream], wall, mono)
                 self._partial[stream] = b""
             return
-        buf = self._partial[stream] + data if self._partial[stream] else data
-        cut = buf.rfind(b"\n") + 1
-        if cut:
-            self._emit(stream, buf[:cut], wall, mono)
-            buf = buf[cut:]
+        partial = self._partial[stream]
+        last = data.rfind(b"\n")
+        if last < 0:
+            buf = partial + data
+        else:
+            # Whole lines go out without copying the chunk: the line that started in an
+            # earlier chunk (small) and a view of the rest up to the last newline.
+            start = 0
+            if partial:
+                start = data.find(b"\n") + 1
+                self._emit(stream, partial + data[:start], wall, mono)
+            if start == 0 and last + 1 == len(data):
+                self._emit(stream, data, wall, mono)
+            elif start <= last:
+                self._emit(stream, memoryview(data)[start : last + 1], wall, mono)
+            buf = data[last + 1 :]
         if len(buf) > MAX_PARTIAL:
             self._emit(stream, buf, wall, mono)
             buf = b""
         self._partial[stream] = buf
 
-    def _emit(self, stream: int, block: bytes, wall: int, mono: int) -> None:
+    def _emit(self, stream: int, block: bytes | memoryview, wall: int, mono: int) -> None:
         if self._redact is not None:
             try:
                 block = self._redact(block)
@@ -209,25 +242,67 @@ class LineRecorder:
                 # Without redaction the line may hold a secret: drop it rather than store it.
                 self._lose(f"redaction failed: {type(exc).__name__}", len(block), 1)
                 return
-        parts = block.split(b"\n")
-        n = len(parts) - 1 if block.endswith(b"\n") else len(parts)
-        if not self._safe_write(self._log, block, "logs/combined.log", n):
+        if not self._safe_write(self._log, block, "logs/combined.log", -1):
             return
-        starts = accumulate(map(add, map(len, parts), repeat(1)), initial=self._offset)
+        keep = self._log_path is None or self._pending_bytes + len(block) <= PENDING_MEMORY
+        self._pending.append(
+            (self._offset, len(block), block if keep else None, stream, wall, mono)
+        )
+        if keep:
+            self._pending_bytes += len(block)
         self._offset += len(block)
         self.bytes_written += len(block)
-        self.lines_written += n
-        sep = f"\t{STREAMS[stream]}\t{wall}\t{mono}\n"
-        rows = sep.join(map(str, islice(starts, n))) + sep
-        self._safe_write(self._index, rows.encode("ascii"), "logs/lines.tsv", n)
+
+    def _index_pending(self, budget: int | None = None) -> None:
+        """One ``lines.tsv`` row per line of the blocks written but not yet indexed (about
+        ``budget`` bytes of them, or all), oldest first."""
+        done = 0
+        while self._pending and (budget is None or done < budget):
+            offset, length, kept, stream, wall, mono = self._pending.popleft()
+            done += length
+            if kept is not None:
+                self._pending_bytes -= length
+                block = kept if isinstance(kept, bytes) else kept.tobytes()
+            else:
+                back = self._read_back(offset, length)
+                if back is None:
+                    continue
+                block = back
+            parts = block.split(b"\n")
+            n = len(parts) - 1 if block.endswith(b"\n") else len(parts)
+            starts = accumulate(map(add, map(len, parts), repeat(1)), initial=offset)
+            sep = f"\t{STREAMS[stream]}\t{wall}\t{mono}\n"
+            rows = sep.join(map(str, islice(starts, n))) + sep
+            self._safe_write(self._index, rows.encode("ascii"), "logs/lines.tsv", n)
+            self.lines_written += n
+
+    def _read_back(self, offset: int, length: int) -> bytes | None:
+        try:
+            if self._reader is None:
+                assert self._log_path is not None
+                self._reader = os.open(self._log_path, os.O_RDONLY)
+            data = os.pread(self._reader, length, offset)
+            if len(data) != length:
+                raise OSError(0, f"short read of the log ({len(data)} of {length} bytes)")
+        except OSError as exc:
+            self._lose(f"index: {_describe(exc)}", 0, 0, member="logs/lines.tsv")
+            return None
+        return data
 
     def _safe_write(
-        self, write: Callable[[bytes], object], data: bytes, member: str, lines: int
+        self,
+        write: Callable[[bytes | memoryview], object],
+        data: bytes | memoryview,
+        member: str,
+        lines: int,
     ) -> bool:
         try:
             write(data)
         except (OSError, ValueError) as exc:
             reason = _describe(exc)
+            if lines < 0:  # counted only when lost (counting costs ~1 ms per MB)
+                raw = bytes(data)
+                lines = raw.count(b"\n") + (0 if raw.endswith(b"\n") else 1)
             self._lose(reason, len(data), lines, member=member)
             return False
         return True
@@ -249,7 +324,7 @@ class LineRecorder:
                 )
 
 
-def _unbuffered(stream: BinaryIO | Writable) -> Callable[[bytes], object]:
+def _unbuffered(stream: BinaryIO | Writable) -> Callable[[bytes | memoryview], object]:
     """Write straight to the file descriptor when there is one (nothing held in a buffer)."""
     try:
         fd = stream.fileno()  # type: ignore[union-attr]

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from . import fingerprint as fpmod
 from . import probe
@@ -198,7 +198,7 @@ class _Anchors:
 
     def __init__(self, known: Sequence[bytes]) -> None:
         self._known = tuple(known)
-        self._scan: Callable[[bytes], list[int]] = self._scan_find
+        self._scan: Callable[[bytes | memoryview], list[int]] = self._scan_find
         try:
             self._scan = self._hyperscan()
         except Exception:
@@ -207,10 +207,10 @@ class _Anchors:
             except Exception:
                 self._scan = self._scan_find
 
-    def __call__(self, block: bytes) -> list[int]:
+    def __call__(self, block: bytes | memoryview) -> list[int]:
         return self._scan(block)
 
-    def _hyperscan(self) -> Callable[[bytes], list[int]]:
+    def _hyperscan(self) -> Callable[[bytes | memoryview], list[int]]:
         import hyperscan
 
         exprs = [re.escape(a) for a in _REDACT_ANCHORS] + [re.escape(k) for k in self._known]
@@ -219,24 +219,24 @@ class _Anchors:
         db = hyperscan.Database()
         db.compile(expressions=exprs, ids=list(range(len(exprs))), flags=flags)
 
-        def scan(block: bytes) -> list[int]:
+        def scan(block: bytes | memoryview) -> list[int]:
             hits: list[int] = []
 
             def on_match(_id: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
                 hits.append(end - 1)
 
-            db.scan(block, match_event_handler=on_match)
+            db.scan(cast(bytes, block), match_event_handler=on_match)  # a buffer is fine
             return hits
 
         return scan
 
-    def _re2(self) -> Callable[[bytes], list[int]]:
+    def _re2(self) -> Callable[[bytes | memoryview], list[int]]:
         import re2
 
         anchors = re2.compile(b"(?i)" + b"|".join(re.escape(a) for a in _REDACT_ANCHORS))
         known = re2.compile(b"|".join(re.escape(k) for k in self._known)) if self._known else None
 
-        def scan(block: bytes) -> list[int]:
+        def scan(block: bytes | memoryview) -> list[int]:
             hits = [m.start() for m in anchors.finditer(block)]
             if known is not None:
                 hits += [m.start() for m in known.finditer(block)]
@@ -244,7 +244,8 @@ class _Anchors:
 
         return scan
 
-    def _scan_find(self, block: bytes) -> list[int]:
+    def _scan_find(self, data: bytes | memoryview) -> list[int]:
+        block = bytes(data)
         low = block.lower()
         hits: list[int] = []
         for hay, needles in ((low, _REDACT_ANCHORS), (block, self._known)):
@@ -269,10 +270,11 @@ class LogRedactor:
         self._redactor = redactor
         self._anchors = _Anchors(tuple(k for k in known if len(k) >= 6))
 
-    def __call__(self, block: bytes) -> bytes:
-        hits = self._anchors(block)
+    def __call__(self, data: bytes | memoryview) -> bytes | memoryview:
+        hits = self._anchors(data)
         if not hits:
-            return block
+            return data
+        block = bytes(data)
         # A hit anywhere: every line of the block from the first hit's line on goes through the
         # Redactor line by line, except lines that are plainly clean (checked per line).
         out: list[bytes] = []
@@ -502,6 +504,10 @@ def run_capture(
     )
 
     # -- start CMD --------------------------------------------------------------------------
+    # Hand the GIL over more often than every 5 ms so that the pump thread never waits long
+    # behind the log writer (a 1 MiB pipe fills in ~3 ms during a flood).
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
     old_handlers: dict[int, Any] = {}
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
@@ -561,14 +567,15 @@ def run_capture(
             pump.stop_after(0.5)
             pump.join(5)
     finally:
+        sys.setswitchinterval(old_interval)
         if in_main:
             for signum, handler in old_handlers.items():
                 signal.signal(signum, handler)
     for pipe in (proc.stdout, proc.stderr):
         with contextlib.suppress(OSError):
             pipe.close()
-    if not recorder.close(120):
-        run.problems.append("the log writer did not finish within 120 s")
+    if not recorder.close(600):
+        run.problems.append("the log writer did not finish within 600 s")
     run.stop.set()
     if prober is not None:
         prober.join(30)
