@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
+import ahocorasick
+
 __all__ = [
     "KEY_FILE_ENV",
     "Redactor",
@@ -132,43 +134,139 @@ def is_secret_header(name: str) -> bool:
 
 # --- text patterns (bytes, so non-UTF-8 input is kept intact) --------------------------------
 # Each pattern: (kind, regex). If the regex has a group named "v", only that part is secret.
-_V = "(?P<v>{})"
-_PATTERNS: list[tuple[str, bytes]] = [
-    ("hf_token", rb"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}"),
-    ("openai_key", rb"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{20,}"),
-    ("github_token", rb"(?<![A-Za-z0-9])(?:gh[pousr]|github_pat)_[A-Za-z0-9_]{30,}"),
-    ("jwt", rb"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),
-    ("aws_access_key_id", rb"(?<![A-Z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])"),
-    (
+@dataclass(frozen=True, slots=True)
+class _Pattern:
+    """One text pattern. The regex runs on a line only if one of ``anchors`` (lower case) is
+    in the lower-cased line; group ``v`` is the secret (else the whole match). ``boundary``:
+    the match may not follow a letter or digit."""
+
+    kind: str
+    anchors: tuple[bytes, ...]
+    regex: re.Pattern[bytes]
+    boundary: bool = False
+    on_lower: bool = False  # run on the lower-cased line (same offsets: ASCII-only lowering)
+
+
+def _p(
+    kind: str,
+    anchors: tuple[bytes, ...],
+    regex: bytes,
+    boundary: bool = False,
+    *,
+    on_lower: bool = False,
+) -> _Pattern:
+    return _Pattern(kind, anchors, re.compile(regex), boundary, on_lower)
+
+
+_PATTERNS: tuple[_Pattern, ...] = (
+    _p("hf_token", (b"hf_",), rb"hf_[A-Za-z0-9]{20,}", boundary=True),
+    _p("openai_key", (b"sk-",), rb"sk-[A-Za-z0-9_-]{20,}", boundary=True),
+    _p(
+        "github_token",
+        (b"ghp_", b"gho_", b"ghu_", b"ghs_", b"ghr_", b"github_pat_"),
+        rb"(?:gh[pousr]|github_pat)_[A-Za-z0-9_]{30,}",
+        boundary=True,
+    ),
+    _p("jwt", (b"eyj",), rb"eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*", True),
+    _p(
+        "aws_access_key_id",
+        (b"akia", b"asia"),
+        rb"(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])",
+        boundary=True,
+    ),
+    _p(
         "aws_secret_access_key",
-        rb"(?i:aws_secret_access_key|aws_secret_key|secret_access_key|SecretAccessKey)"
-        rb"[\"']?\s*[:=]\s*[\"']?(?P<v>[A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])",
+        (b"secret",),
+        rb"(?:aws_secret_access_key|aws_secret_key|secret_access_key|secretaccesskey)"
+        rb"[\"']?\s*[:=]\s*[\"']?(?P<v>[a-z0-9/+=]{40})(?![a-z0-9/+=])",
+        on_lower=True,
     ),
-    (
+    _p(
         "authorization",
-        rb"(?i:(?<![A-Za-z0-9])(?:proxy-)?authorization)[\"']?\s*[:=]\s*[\"']?"
-        rb"(?:(?i:bearer|basic|token|digest|apikey)\s+)?"
-        rb"(?P<v>(?!(?i:bearer|basic|token|digest|apikey)(?:\s|$))[^\s\"',;<>]{6,})",
+        (b"authorization",),
+        rb"authorization[\"']?\s*[:=]\s*[\"']?"
+        rb"(?:(?:bearer|basic|token|digest|apikey)\s+)?"
+        rb"(?P<v>(?!(?:bearer|basic|token|digest|apikey)(?:\s|$))[^\s\"',;<>]{6,})",
+        boundary=True,
+        on_lower=True,
     ),
-    ("bearer", rb"(?i:(?<![A-Za-z0-9])bearer)\s+(?P<v>[A-Za-z0-9._~+/=-]{8,})"),
-    (
+    _p("bearer", (b"bearer",), rb"bearer\s+(?P<v>[a-z0-9._~+/=-]{8,})", True, on_lower=True),
+    _p(
         "url_password",
-        rb"(?i:(?<![A-Za-z0-9+.-])[a-z][a-z0-9+.-]{1,20})://[^/\s:@\"'<>]{1,256}:"
-        rb"(?P<v>[^/\s@\"'<>]{1,256})@",
+        (b"://",),
+        rb"://[^/\s:@\"'<>]{1,256}:(?P<v>[^/\s@\"'<>]{1,256})@",
     ),
-    (
+    _p(
         "secret_flag",
-        rb"(?i:--(?:api-key|hf-token|token|password|passwd|secret|access-token|auth-token))"
+        tuple(
+            b"--" + f
+            for f in (
+                b"api-key",
+                b"hf-token",
+                b"token",
+                b"password",
+                b"passwd",
+                b"secret",
+                b"access-token",
+                b"auth-token",
+            )
+        ),
+        rb"--(?:api-key|hf-token|token|password|passwd|secret|access-token|auth-token)"
         rb"(?:\s+|=)[\"']?(?P<v>[^\s\"'<>-][^\s\"'<>]*)",
+        on_lower=True,
     ),
-    (
+    _p(
         "secret_assignment",
-        rb"(?i:(?<![A-Za-z0-9])(?:[a-z0-9]+[_-])*(?:password|passwd|pwd|secret|api[_-]?key|apikey"
+        (
+            b"passw",
+            b"pwd",
+            b"secret",
+            *(
+                a + sep + b
+                for a, b in (
+                    (b"api", b"key"),
+                    (b"access", b"token"),
+                    (b"auth", b"token"),
+                    (b"hf", b"token"),
+                    (b"api", b"token"),
+                    (b"refresh", b"token"),
+                    (b"session", b"token"),
+                    (b"private", b"key"),
+                )
+                for sep in (b"", b"_", b"-")
+            ),
+        ),
+        rb"(?:password|passwd|pwd|secret|api[_-]?key|apikey"
         rb"|access[_-]?token|auth[_-]?token|hf[_-]?token|api[_-]?token|refresh[_-]?token"
-        rb"|session[_-]?token|client[_-]?secret|private[_-]?key))[\"']?\s*[:=]\s*[\[(]?\s*"
+        rb"|session[_-]?token|client[_-]?secret|private[_-]?key)[\"']?\s*[:=]\s*[\[(]?\s*"
         rb"[\"']?(?P<v>[^\s\"',;<>\])}]{6,})",
+        boundary=True,
+        on_lower=True,
     ),
-]
+)
+# Every anchor of every pattern: a line holding none of them (and no known secret) is kept
+# as is without running any regex.
+_ANCHORS: tuple[bytes, ...] = tuple(sorted({a for p in _PATTERNS for a in p.anchors}))
+
+
+def _anchor_automaton() -> Any:
+    automaton = ahocorasick.Automaton()
+    for anchor in _ANCHORS:
+        automaton.add_word(anchor.decode("latin-1"), anchor)
+    automaton.make_automaton()
+    return automaton
+
+
+_AUTOMATON = _anchor_automaton()
+
+
+def _has_anchor(low: bytes) -> bool:
+    # latin-1 maps bytes 1:1 to code points, so the automaton finds byte strings, in C.
+    for _ in _AUTOMATON.iter(low.decode("latin-1")):
+        return True
+    return False
+
+
 _NOT_A_SECRET = re.compile(rb"^(?i:none|null|true|false|\*+|x+|redacted|unset|hidden)$")
 _LABEL_OK = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -210,7 +308,7 @@ class Redactor:
         self._records: dict[str, _Record] = {}
         self._n = 0
         self._compiled: re.Pattern[bytes] | None = None
-        self._kinds: dict[str, str] = {}
+        self._known: tuple[bytes, ...] = ()
 
     @classmethod
     def with_user_key(cls, path: str | os.PathLike[str] | None = None) -> Redactor:
@@ -367,9 +465,8 @@ class Redactor:
         return obj
 
     # text ------------------------------------------------------------------------------
-    def _regex(self) -> re.Pattern[bytes]:
+    def _known_regex(self) -> re.Pattern[bytes] | None:
         if self._compiled is None:
-            parts: list[bytes] = []
             known = sorted(
                 (
                     v
@@ -378,21 +475,9 @@ class Redactor:
                 ),
                 key=lambda v: (-len(v), v),
             )
-            if known:
-                parts.append(b"(?P<known>" + b"|".join(re.escape(v) for v in known) + b")")
-            self._kinds = {}
-            for i, (kind, pattern) in enumerate(_PATTERNS):
-                group = f"p{i}"
-                self._kinds[group] = kind
-                parts.append(
-                    b"(?P<"
-                    + group.encode()
-                    + b">"
-                    + pattern.replace(b"(?P<v>", f"(?P<v{i}>".encode())
-                    + b")"
-                )
-            self._compiled = re.compile(b"|".join(parts))
-        return self._compiled
+            self._known = tuple(known)
+            self._compiled = re.compile(b"|".join(re.escape(v) for v in known) or b"(?!)")
+        return self._compiled if self._known else None
 
     @overload
     def text(self, data: bytes, *, where: str = ...) -> bytes: ...
@@ -413,35 +498,61 @@ class Redactor:
         for line in lines:
             yield self._text(line, where)
 
+    def _maybe(self, raw: bytes) -> bool:
+        return _has_anchor(raw.lower()) or any(v in raw for v in self._known)
+
     def _text(self, raw: bytes, where: str) -> bytes:
         if not raw:
             return raw
-        regex = self._regex()
+        self._known_regex()  # refresh the known-secret list
+        if not self._maybe(raw):
+            return raw
+        if raw.count(b"\n") > 1:
+            # A block of lines: only lines that may hold a secret are searched.
+            return b"\n".join(
+                self._line(part, where) if part and self._maybe(part) else part
+                for part in raw.split(b"\n")
+            )
+        return self._line(raw, where)
 
-        def replace(m: re.Match[bytes]) -> bytes:
-            group = m.lastgroup or ""
-            if group == "known":
-                value = m.group(0)
+    def _line(self, raw: bytes, where: str) -> bytes:
+        spans: list[tuple[int, int, int, str]] = []  # start, end, priority, kind
+        known = self._known_regex()
+        if known is not None and any(v in raw for v in self._known):
+            spans.extend((m.start(), m.end(), -1, "") for m in known.finditer(raw))
+        low = raw.lower()
+        for prio, pat in enumerate(_PATTERNS):
+            if not any(a in low for a in pat.anchors):
+                continue
+            for m in pat.regex.finditer(low if pat.on_lower else raw):
+                if pat.boundary and m.start() > 0 and raw[m.start() - 1 : m.start()].isalnum():
+                    continue
+                start, end = m.span("v") if "v" in pat.regex.groupindex else m.span()
+                secret = raw[start:end]
+                if _NOT_A_SECRET.match(secret) or secret.startswith(b"<redacted:"):
+                    continue
+                spans.append((start, end, prio, pat.kind))
+        if not spans:
+            return raw
+        spans.sort(key=lambda x: (x[0], x[0] - x[1], x[2]))
+        out: list[bytes] = []
+        pos = 0
+        for start, end, prio, kind in spans:
+            if start < pos:
+                continue  # overlaps a secret already replaced
+            value = raw[start:end]
+            if prio < 0:
                 ph = self._by_value[value]
                 rec = self._records[ph]
                 rec.where.add(where)
                 rec.count += 1
-                return ph.encode()
-            kind = self._kinds.get(group, "secret")
-            idx = group[1:]
-            try:
-                start, end = m.span(f"v{idx}")
-            except IndexError:
-                start, end = m.span(group)
-            if start < 0:
-                start, end = m.span(group)
-            secret = raw[start:end]
-            if _NOT_A_SECRET.match(secret) or secret.startswith(b"<redacted:"):
-                return m.group(0)
-            marker = self._placeholder(secret, kind, where).encode()
-            return raw[m.start(0) : start] + marker + raw[end : m.end(0)]
-
-        return regex.sub(replace, raw)
+            else:
+                ph = self._placeholder(value, kind, where)
+            out.append(raw[pos:start])
+            out.append(ph.encode())
+            pos = end
+        out.append(raw[pos:])
+        return b"".join(out)
 
 
 _TRIVIAL_BYTES = frozenset(v.encode() for v in _TRIVIAL_VALUES)

@@ -286,3 +286,27 @@ def test_escaped_spellings_of_a_known_secret_are_redacted_too() -> None:
     for spelling in (json.dumps(secret)[1:-1], "p%40ss%3Aw%2Frd%22quoted%5Cx"):
         line = f"config {spelling} end\n".encode()
         assert r.text(line) == f"config {ph} end\n".encode()
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        (f"x {HF} y", "hf_token"),
+        (f"x {OPENAI} y", "openai_key"),
+        (f"x {GH} y", "github_token"),
+        (f"x {JWT} y", "jwt"),
+        (f"x {AKID} y", "aws_access_key_id"),
+        (f"AWS_Secret_Access_Key: {AWS_SECRET}", "aws_secret_access_key"),
+        ("PROXY-AUTHORIZATION: Digest abcdef123456", "authorization"),
+        ("sent with BEARER abc.def-123456", "bearer"),
+        ("git clone https://me:tok3n-value@git.example/x", "url_password"),
+        ("cmd --HF-TOKEN=abcdefgh123", "secret_flag"),
+        ('{"Client_Secret": "abcdefgh123"}', "secret_assignment"),
+        ("refresh-token = zzzzzzzzzz", "secret_assignment"),
+    ],
+)
+def test_every_text_pattern_finds_its_sample_in_any_letter_case(line: str, kind: str) -> None:
+    r = Redactor()
+    out = r.text(line + "\n")
+    assert f"<redacted:{kind}#1>" in out, out
+    assert [rec["kind"] for rec in r.records()] == [kind]
