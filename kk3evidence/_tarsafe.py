@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import stat
 import tarfile
 import zlib
 from collections.abc import Iterator
@@ -230,9 +231,14 @@ class SafeTar:
         self.path = path
         self.limits = limits
         try:
-            self._raw: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in close()
+            # O_NONBLOCK: a FIFO swapped in after the caller's checks must not block us.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             raise ArchiveError("unreadable", f"cannot open the file: {exc.strerror}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ArchiveError("not-a-file", "not a regular file")
+        self._raw: BinaryIO = os.fdopen(fd, "rb")
         try:
             head = self._raw.read(BLOCK)
             self.compression = sniff(head)

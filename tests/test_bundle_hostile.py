@@ -342,6 +342,13 @@ def a_directory(tmp: Path) -> Path:
     return tmp / "dir.tar"
 
 
+@case("not-a-file", None)
+def a_named_pipe(tmp: Path) -> Path:
+    # Opening a FIFO for reading would block forever: it must be refused before that.
+    os.mkfifo(tmp / "pipe.tar")
+    return tmp / "pipe.tar"
+
+
 @case("not-found", None)
 def missing_file(tmp: Path) -> Path:
     return tmp / "does-not-exist.tar"
