@@ -1,11 +1,11 @@
 """Writes MEGABYTES of log lines to stdout as fast as it can (and a few to stderr).
 
-usage: flood.py MEGABYTES [--line-bytes N] [--stamp]
+usage: flood.py MEGABYTES [--line-bytes N] [--stamp] [--print]
 
-Each line is "<n> <padding>\n" (or, with --stamp, "<monotonic_ns> <n> ..." so a reader can
-measure pass-through latency). Prints the number of lines written and its own run time to
-stderr at the end:
-"flood: wrote N lines in S s".
+Each line is "<n> <padding>\n", written in big preformatted blocks; with --print each line
+is formatted and print()ed, like a logging program; with --stamp each line starts with
+"<monotonic_ns> <n>" so a reader can measure pass-through latency. Prints the number of lines
+written and its own run time to stderr at the end: "flood: wrote N lines in S s".
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ def main() -> int:
     ap.add_argument("--line-bytes", type=int, default=120)
     ap.add_argument("--stamp", action="store_true")
     ap.add_argument("--rate", type=float, default=0.0, help="lines per second (0 = no limit)")
+    ap.add_argument("--print", action="store_true", help="format and print() each line")
     args = ap.parse_args()
     total = int(args.megabytes * 1024 * 1024)
     out = sys.stdout.buffer
@@ -29,7 +30,15 @@ def main() -> int:
     written = 0
     n = 0
     start = time.monotonic()
-    if args.stamp:
+    if args.print:
+        # What a logging program does: format every line, print it (block-buffered stdout).
+        width = max(0, args.line_bytes - 48)
+        while written < total:
+            line = f"INFO 11-30 01:48:29 [core.py:133] step {n:09d} {'x' * width}"
+            print(line)
+            written += len(line) + 1
+            n += 1
+    elif args.stamp:
         while written < total:
             body = b"%d %d " % (time.monotonic_ns(), n)
             line = body + pad[: max(0, args.line_bytes - len(body) - 1)] + b"\n"
