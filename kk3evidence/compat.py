@@ -436,7 +436,9 @@ def _check_parallel_fits(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
         return "unknown", "no GPU inventory in the fingerprint (CPU run or NVML absent)", evidence
     if world <= count:
         return "pass", f"{world} ranks fit on {count} visible GPUs", evidence
-    multi = [f for f in _MULTI_NODE_FLAGS if _flag(flags, f) not in (None, False)]
+    multi = [f for f in _MULTI_NODE_FLAGS if _flag(flags, f) not in (None, False)
+             and not (f == "--distributed-executor-backend" and _flag(flags, f) != "ray")
+             and not (f == "--nnodes" and _int_flag(flags, f, 1) <= 1)]
     if multi:
         return ("unknown", f"{world} ranks > {count} local GPUs, but the command is multi-node "
                 f"({', '.join(multi)}); check the other nodes", evidence)

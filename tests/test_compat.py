@@ -185,3 +185,10 @@ def test_a_malformed_rule_file_is_a_one_line_rule_error() -> None:
                                                 'source_date = "recently"'))
     with pytest.raises(RuleError):
         _parse_rule_file("z.toml", "schema = [")
+
+
+def test_multiprocessing_backend_is_not_multi_node() -> None:
+    argv = [*K3, "--pipeline-parallel-size", "2", "--distributed-executor-backend", "mp"]
+    result = check(k3_run(argv, n_gpus=8))
+    (par,) = [r for r in result.results if r.rule.id == "PAR-001"]
+    assert par.status == "fail"
