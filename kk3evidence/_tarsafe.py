@@ -49,6 +49,8 @@ class Limits:
     max_compression_ratio: float = 600.0
     ratio_grace_bytes: int = 64 * MiB
     max_json_depth: int = 64
+    max_json_nodes: int = 1_000_000  # values in one JSON member (schema checks cost per value)
+    max_json_total_bytes: int = 128 * MiB  # all JSON members together (kept in memory)
     max_name_bytes: int = 512
     max_header_bytes: int = 1 * MiB  # a single pax / GNU long-name record
     max_trailing_bytes: int = 16 * MiB  # zero padding read after the end-of-archive marker

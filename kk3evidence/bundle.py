@@ -264,6 +264,7 @@ class _Scanner:
         names: set[str] = set()
         folded_names: dict[str, str] = {}
         cached = 0
+        json_total = 0
         for info in tar.headers():
             count += 1
             if count > lim.max_members:
@@ -405,6 +406,17 @@ class _Scanner:
                     )
                 )
                 continue
+            if rest.endswith(".json"):
+                json_total += info.size
+                if json_total > lim.max_json_total_bytes:
+                    yield self._emit(
+                        Problem(
+                            "archive-too-large",
+                            f"JSON members add up to more than {lim.max_json_total_bytes} bytes",
+                            member=rest,
+                        )
+                    )
+                    return
             total += info.size
             if total > lim.max_total_bytes:
                 yield self._emit(
@@ -524,13 +536,26 @@ class _Scanner:
         if self.manifest_corrupt:
             return  # already reported; nothing in it can be trusted
         data = seen[MANIFEST].data or b""
-        manifest, problems = _schema.parse_json(data, MANIFEST, max_depth=lim.max_json_depth)
+        manifest, problems = _schema.parse_json(
+            data, MANIFEST, max_depth=lim.max_json_depth, max_nodes=lim.max_json_nodes
+        )
         if problems:
             yield from problems
             return
         vp = _schema.version_problem(manifest, "manifest", MANIFEST)
         if vp is not None:
             yield vp
+            return
+        entries_value = manifest.get("members") if isinstance(manifest, dict) else None
+        if isinstance(entries_value, list) and len(entries_value) > lim.max_members:
+            yield Problem(
+                "too-many-members",
+                f"manifest.json lists {len(entries_value)} members (limit {lim.max_members})",
+                member=MANIFEST,
+                json_path="$.members",
+                expected=f"<= {lim.max_members}",
+                actual=str(len(entries_value)),
+            )
             return
         schema_problems = list(_schema.iter_schema_problems("manifest", manifest, MANIFEST))
         yield from schema_problems
@@ -614,7 +639,10 @@ class _Scanner:
             if stem is None:
                 continue
             doc, problems = _schema.parse_json(
-                seen[name].data or b"", name, max_depth=lim.max_json_depth
+                seen[name].data or b"",
+                name,
+                max_depth=lim.max_json_depth,
+                max_nodes=lim.max_json_nodes,
             )
             if problems:
                 yield from problems

@@ -33,6 +33,7 @@ __all__ = [
     "SUPPORTED_MAJOR",
     "iter_schema_problems",
     "json_depth",
+    "json_shape",
     "load_schema",
     "parse_json",
     "schema_for_member",
@@ -233,10 +234,17 @@ def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def json_depth(value: Any) -> int:
     """Nesting depth of a parsed JSON value (scalars 0, ``[]`` 1), computed without recursion."""
+    return json_shape(value)[0]
+
+
+def json_shape(value: Any) -> tuple[int, int]:
+    """``(depth, nodes)`` of a parsed JSON value, computed without recursion."""
     deepest = 0
+    nodes = 0
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         node, depth = stack.pop()
+        nodes += 1
         if isinstance(node, dict):
             depth += 1
             stack.extend((v, depth) for v in node.values())
@@ -244,15 +252,18 @@ def json_depth(value: Any) -> int:
             depth += 1
             stack.extend((v, depth) for v in node)
         deepest = max(deepest, depth)
-    return deepest
+    return deepest, nodes
 
 
-def parse_json(data: bytes, member: str, *, max_depth: int = 64) -> tuple[Any, list[Problem]]:
+def parse_json(
+    data: bytes, member: str, *, max_depth: int = 64, max_nodes: int = 1_000_000
+) -> tuple[Any, list[Problem]]:
     """Parse untrusted JSON bytes. Returns ``(value, [])`` or ``(None, [problem])``.
 
     Refuses what ``json.loads`` would accept but a portable reader should not: bytes that are
     not UTF-8 (or start with a BOM), NaN/Infinity, numbers overflowing to infinity, duplicate
-    object keys, and nesting deeper than ``max_depth``.
+    object keys, nesting deeper than ``max_depth``, and more than ``max_nodes`` values (schema
+    checking costs time per value).
     """
     try:
         text = data.decode("utf-8")
@@ -300,7 +311,17 @@ def parse_json(data: bytes, member: str, *, max_depth: int = 64) -> tuple[Any, l
         return None, [
             Problem(code="json-invalid", message=f"is not valid JSON: {exc}", member=member)
         ]
-    depth = json_depth(value)
+    depth, nodes = json_shape(value)
+    if nodes > max_nodes:
+        return None, [
+            Problem(
+                code="json-too-large",
+                message=f"JSON has {nodes} values (limit {max_nodes}); too large to check",
+                member=member,
+                expected=f"<= {max_nodes} values",
+                actual=str(nodes),
+            )
+        ]
     if depth > max_depth:
         return None, [
             Problem(

@@ -409,6 +409,21 @@ def nested_beyond_limit_but_parsable(tmp: Path) -> Path:
     )
 
 
+@case("json-too-large", "notes.json")
+def json_with_a_million_values(tmp: Path) -> Path:
+    return _raw(tmp, _with_notes(b"[" + b"0," * 1_000_001 + b"0]"))
+
+
+@case("too-many-members", "manifest.json")
+def manifest_lists_too_many_members(tmp: Path) -> Path:
+    files = valid_files()
+    doc = manifest_doc(files)
+    doc["members"] += [
+        {"name": f"probes/p{i}", "size": 0, "sha256": "0" * 64} for i in range(10_001)
+    ]
+    return _raw(tmp, valid_raw_members(files, manifest=doc))
+
+
 @case("json-invalid", "manifest.json")
 def manifest_not_json(tmp: Path) -> Path:
     members = valid_raw_members()
@@ -680,3 +695,10 @@ def test_integral_float_sizes_still_verify_members(tmp_path: Path) -> None:
         entry["size"] = float(entry["size"])
     path = build_tar(tmp_path / "floats.tar", valid_raw_members(files, manifest=doc))
     assert [(p.code, p.member) for p in validate(path)] == [("schema", "launch.json")]
+
+
+def test_json_members_are_bounded_in_total(tmp_path: Path) -> None:
+    files = {**valid_files(), **{f"requests/r{i}.json": b"{}" * 300 for i in range(5)}}
+    path = build_tar(tmp_path / "json.tar", valid_raw_members(files))
+    codes = [p.code for p in validate(path, limits=Limits(max_json_total_bytes=2000))]
+    assert codes == ["archive-too-large"]
