@@ -1,6 +1,6 @@
 #!/bin/sh
 # A realistic Kimi-K3 production start command, as an example input for
-#   kk3evidence minimize -- $(this command)     or     kk3evidence minimize --file examples/kimi-k3-production.sh
+#   kk3evidence minimize --file examples/kimi-k3-production.sh -o k3-plan.toml
 # It mixes what starts the engine (TP 8, remote code, memory budget, weight format) with
 # serving features (prefix caching, speculative decoding, tool and reasoning parsers), load
 # settings (context length, sequences) and the business wrapper (API key, served name, CORS).
