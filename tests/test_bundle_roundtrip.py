@@ -6,6 +6,8 @@ import gzip
 import io
 import json
 import math
+import shutil
+import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
@@ -320,3 +322,26 @@ def test_log_bytes_survive_gzip_exactly(log: bytes) -> None:
         with gzip.open(out) as gz, tarfile.open(fileobj=io.BytesIO(gz.read())) as tf:
             member = tf.extractfile("kk3-test/logs/combined.log")
             assert member is not None and member.read() == log
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="no tar program")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["czf", "re.tar.gz", "kk3-test"],
+        ["cf", "re.tar", "-C", ".", "."],
+        ["--format=posix", "-cf", "re.tar", "kk3-test"],
+    ],
+)
+def test_a_bundle_extracted_and_repacked_with_gnu_tar_still_validates(
+    tmp_path: Path, args: list[str]
+) -> None:
+    out = write_bundle(tmp_path / "run.tar")
+    work = tmp_path / "x"
+    work.mkdir()
+    subprocess.run(["tar", "xf", str(out)], cwd=work, check=True, capture_output=True)
+    subprocess.run(["tar", *args], cwd=work, check=True, capture_output=True)
+    repacked = work / args[args.index("-cf") + 1 if "-cf" in args else 1]
+    assert validate(repacked) == []
+    with open_bundle(repacked) as b:
+        assert b"".join(b.iter_log_lines()) == SAMPLE_LOG
