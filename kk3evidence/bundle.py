@@ -939,6 +939,13 @@ def is_staging_dir(path: str | os.PathLike[str]) -> bool:
     return isinstance(data, dict) and data.get("schema") == STAGING_SCHEMA
 
 
+def _dict_list(state: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    value = state.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(x, dict) for x in value):
+        raise ValueError(f"{key!r} is not a list of objects")
+    return [dict(x) for x in value]
+
+
 def _check_writer_name(member: str) -> str:
     if not isinstance(member, str) or not is_member_name(member):
         raise BundleError(
@@ -997,13 +1004,24 @@ class BundleWriter:
         if marker.exists():
             if not is_staging_dir(self.staging_dir):
                 raise BundleError(f"{_show(str(marker))} exists but is not a kk3evidence marker")
-            state = json.loads(marker.read_bytes())
-            self.bundle_id = str(state["bundle_id"])
-            self.created = _parse_iso(str(state["created"]))
-            self._tool_version = str(state.get("tool", {}).get("version", tool_version))
-            self._not_collected: list[dict[str, str]] = list(state.get("not_collected", []))
-            self._losses: list[dict[str, Any]] = list(state.get("losses", []))
-            self._redactions: list[dict[str, Any]] = list(state.get("redactions", []))
+            try:
+                state = json.loads(marker.read_bytes())
+                self.bundle_id = str(state["bundle_id"])
+                if not _BUNDLE_ID_RE.match(self.bundle_id):
+                    raise ValueError("bad bundle id")
+                self.created = _parse_iso(str(state["created"]))
+                tool = state.get("tool")
+                self._tool_version = str(
+                    tool.get("version", tool_version) if isinstance(tool, dict) else tool_version
+                )
+                self._not_collected: list[dict[str, str]] = _dict_list(state, "not_collected")
+                self._losses: list[dict[str, Any]] = _dict_list(state, "losses")
+                self._redactions: list[dict[str, Any]] = _dict_list(state, "redactions")
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise BundleError(
+                    f"{_show(str(marker))} is damaged ({type(exc).__name__}: {exc}); "
+                    "cannot resume this staging folder"
+                ) from None
             return
         if self.staging_dir.exists() and (
             not self.staging_dir.is_dir() or any(self.staging_dir.iterdir())

@@ -138,3 +138,15 @@ def test_seal_default_output_follows_capture_naming(tmp_path: Path) -> None:
     again = CliRunner().invoke(main, ["seal", str(stg)])
     assert again.exit_code == 2
     assert "already exists" in again.output
+
+
+def test_seal_cli_reports_a_damaged_marker_in_one_line(tmp_path: Path) -> None:
+    stg = tmp_path / "stg"
+    BundleWriter(stg)
+    marker = stg / "staging.json"
+    state = json.loads(marker.read_text())
+    state["created"] = "not a time"
+    marker.write_text(json.dumps(state))
+    result = CliRunner().invoke(main, ["seal", str(stg), "-o", str(tmp_path / "o.tar")])
+    assert result.exit_code == 4
+    assert "damaged" in result.output and "Traceback" not in result.output
