@@ -23,6 +23,8 @@ import errno
 import fcntl
 import os
 import selectors
+import sys
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +42,9 @@ DEFAULT_QUEUE_BYTES = 32 * 1024 * 1024
 PRESSURE_BYTES = 4 * 1024 * 1024
 #: log blocks kept in memory for indexing later; beyond this they are read back from the file
 PENDING_MEMORY = 4 * 1024 * 1024
+#: below this much waiting, the writer sleeps BATCH_SECONDS to gather more per write
+BATCH_BYTES = 256 * 1024
+BATCH_SECONDS = 0.005
 #: bytes indexed between two looks at the queue while catching up
 INDEX_STEP = 2 * 1024 * 1024
 READ_SIZE = 1024 * 1024
@@ -72,6 +77,17 @@ class Loss:
             "lines": self.lines,
             "at": at,
         }
+
+
+def _available(fd: int) -> int:
+    """Bytes waiting in the pipe (FIONREAD), so that a read allocates what it returns: a
+    1 MiB buffer shrunk to a few KiB per read fragments the heap of a long capture."""
+    try:
+        buf = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+        n = int.from_bytes(buf, sys.byteorder)
+    except OSError:
+        return READ_SIZE
+    return min(max(n, 1), READ_SIZE)
 
 
 def enlarge_pipe(fd: int, size: int = READ_SIZE) -> None:
@@ -177,6 +193,12 @@ class LineRecorder:
                     self._cond.wait()
                 if not self._queue:
                     break
+                small = self._queued < BATCH_BYTES and not self._closed
+            if small:
+                # A trickle of output: gather a few ms of it per write, so that this thread
+                # wakes (and takes the GIL from the pump) at most a few hundred times a second.
+                time.sleep(BATCH_SECONDS)
+            with self._cond:
                 batch = list(self._queue)
                 self._queue.clear()
                 self._queued = 0
@@ -386,7 +408,7 @@ class Pump:
                     i = int(key.data)
                     fd = self._fds[i]
                     try:
-                        data = os.read(fd, READ_SIZE)
+                        data = os.read(fd, _available(fd))
                     except OSError:
                         data = b""
                     if not data:
