@@ -707,8 +707,8 @@ def _finish_unstarted(run: _Run, output: Path, staging: Path, exc: OSError) -> C
     run.say(reason)
     _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
     fp = fpmod.Fingerprint()
-    fpmod.collect_base(fp, {}, timeout=run.opts.probe_timeout)
-    fp.env = dict(redactor.env(fpmod.select_env(dict(os.environ))))
+    fpmod.collect_base(fp, run.env, timeout=run.opts.probe_timeout)
+    fp.env = dict(redactor.env(fpmod.select_env(run.env)))
     _safe(run, "fingerprint.json", lambda: writer.write_json("fingerprint.json", fp.to_json()))
     bundle: Path | None = None
     try:
