@@ -1,12 +1,13 @@
 """diff / check / report / compare on bundles captured from real vLLM CPU runs.
 
-Four real captures (each a real ``vllm serve`` start, ~30-120 s on 2 cores), made once per
+Six real captures (each a real ``vllm serve`` start, ~30-120 s on 2 cores), made once per
 session through the real ``kk3evidence capture --stop-after-request`` and shared by every test:
 
 * ``A``  baseline: the RECIPE's tiny-model command
 * ``A2`` the same configuration again (different pid, port, timestamps)
 * ``B``  one flag changed: ``--max-num-seqs 8``
 * ``C``  two flags changed: ``--max-num-seqs 8 --enable-prefix-caching``
+* ``F``, ``F2`` one flag changed so that the start fails: ``--max-model-len 1000000``
 
 vLLM starts are serialised with the project's lock file (never two at once on this machine).
 """
@@ -68,6 +69,9 @@ def captured(tmp_path_factory: pytest.TempPathFactory,
         "A2": [],
         "B": ["--max-num-seqs", "8"],
         "C": ["--max-num-seqs", "8", "--enable-prefix-caching"],
+        # fails in config validation within seconds (max_position_embeddings is 2048)
+        "F": ["--max-model-len", "1000000"],
+        "F2": ["--max-model-len", "1000000"],
     }
     made: dict[str, Path] = {}
 
@@ -77,9 +81,11 @@ def captured(tmp_path_factory: pytest.TempPathFactory,
         out = out_dir / f"{name}.tar"
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
+        args = extra[name]
+        max_len = [] if "--max-model-len" in args else ["--max-model-len", "512"]
         cmd = [str(vllm), "serve", str(model), "--served-model-name", "tiny",
-               "--host", "127.0.0.1", "--port", str(_free_port()), "--max-model-len", "512",
-               "--dtype", "float32", *extra[name]]
+               "--host", "127.0.0.1", "--port", str(_free_port()), *max_len,
+               "--dtype", "float32", *args]
         proc = subprocess.run(
             ["flock", str(LOCK), sys.executable, "-m", "kk3evidence", "capture", "-o",
              str(out), "--stop-after-request", "--ready-timeout", "400", "--", *cmd],
@@ -153,3 +159,40 @@ def test_compare_groups_the_repeated_configuration(captured: Callable[[str], Pat
     assert repeated["stability"] == "stable"
     assert repeated["signatures"] == {"ok": 2}
     assert doc["decision"]["action"] == "keep_fixing_here"
+
+
+def test_failing_run_one_flag_away_from_baseline(captured: Callable[[str], Path]) -> None:
+    proc = _kk3("diff", "--json", str(captured("A")), str(captured("F")))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["variables"] == ["--max-model-len"]
+    outcome = {c["variable"]: c for c in doc["outcome"]}
+    assert outcome["outcome:first_failure"]["a"] is None
+    assert outcome["outcome:first_failure"]["b"].endswith("/config")
+
+
+def test_report_of_a_real_failure_marks_the_first_causal_line(
+        captured: Callable[[str], Path]) -> None:
+    proc = _kk3("report", str(captured("F")), "--baseline", str(captured("A")))
+    assert proc.returncode == 0, proc.stderr
+    md = proc.stdout
+    assert "category **config**" in md
+    marked = [ln for ln in md.splitlines() if ln.startswith(">>")]
+    assert len(marked) == 1 and "ValidationError" in marked[0]
+    assert "exactly one variable changed: `--max-model-len`" in md
+    assert "No request was sent" in md
+    ko = _kk3("report", str(captured("F")), "--lang", "ko", "--format", "github")
+    assert ko.returncode == 0 and "### 🐛 Describe the bug" in ko.stdout
+    assert "서버는" in ko.stdout
+
+
+def test_compare_sees_a_stable_real_failure(captured: Callable[[str], Path]) -> None:
+    proc = _kk3("compare", "--json", str(captured("F")), str(captured("F2")))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    (group,) = doc["groups"]
+    assert group["stability"] == "stable"
+    (sig,) = group["signatures"]
+    assert sig.split("/")[1] == "config"
+    assert doc["decision"]["action"] == "keep_fixing_here"
+    assert "repeats at the same stage" in doc["decision"]["reasons"][0]
