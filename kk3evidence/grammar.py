@@ -19,6 +19,7 @@ pyparsing expression built from the shared named :data:`BLOCKS` (defined once, h
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,6 +88,12 @@ BLOCKS: dict[str, pp.ParserElement] = {name: _block(name) for name in _BLOCK_REG
 # Pattern mini-language
 # --------------------------------------------------------------------------------------------
 
+# A pattern is tried at no more than this many start positions of one body (pathological lines
+# repeat their first literal thousands of times).
+_MAX_TRIES = 64
+# Only this much of a body is matched: longer lines are data dumps, not statements.
+MAX_MATCH_CHARS = 16384
+
 _PIECE_RE = re.compile(r"\{(\*|[a-z]+)(?::([A-Za-z_][A-Za-z0-9_]*))?\}")
 
 
@@ -105,11 +112,13 @@ class CompiledPattern:
                 return _captures(self.expr.parse_string(body.lstrip(), parse_all=False))
             if self.first_literal is not None:
                 start = body.find(self.first_literal)
-                while start >= 0:
+                tries = 0
+                while start >= 0 and tries < _MAX_TRIES:
                     try:
                         return _captures(self.expr.parse_string(body[start:], parse_all=False))
                     except pp.ParseBaseException:
                         start = body.find(self.first_literal, start + 1)
+                        tries += 1
                 return None
             for toks, _s, _e in self.expr.scan_string(body, max_matches=1):
                 return _captures(toks)
@@ -360,9 +369,21 @@ def decode_line(raw: bytes | str) -> str:
     return text
 
 
+def _docker_json_log(text: str) -> str:
+    """Docker's json-file driver: ``{"log":"...\\n","stream":"stderr","time":"..."}``."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    log = obj.get("log") if isinstance(obj, dict) else None
+    return decode_line(log) if isinstance(log, str) else text
+
+
 def parse_line(line_no: int, raw: bytes | str) -> LogLine:
     """Parse one raw line into its envelope. Never raises."""
     text = decode_line(raw)
+    if text.startswith('{"log":'):
+        text = _docker_json_log(text)
     rest = text
     wrapper: str | None = None
     timestamp: str | None = None

@@ -21,7 +21,14 @@ from typing import Any
 
 from . import _resources
 from .errors import RuleError
-from .grammar import CompiledPattern, LogLine, compile_pattern, normalize_level, parse_line
+from .grammar import (
+    MAX_MATCH_CHARS,
+    CompiledPattern,
+    LogLine,
+    compile_pattern,
+    normalize_level,
+    parse_line,
+)
 from .model import CATEGORIES, STAGES
 
 __all__ = [
@@ -89,6 +96,8 @@ class Rule:
         if self.levels is not None and line.level is not None and line.level not in self.levels:
             return None
         body = line.body
+        if len(body) > MAX_MATCH_CHARS:
+            body = body[:MAX_MATCH_CHARS]
         if self.anchors and not any(a in body for a in self.anchors):
             return None
         if not self.patterns:

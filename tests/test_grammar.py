@@ -275,3 +275,44 @@ def test_tracebacks_are_tracked_per_process_and_pydantic_detail_lines_kept() -> 
     assert [r[0] for r in roles] == ["header", "frame", None, "exception", "detail"]
     chains = {r[1] for r in roles if r[0]}
     assert chains == {0}
+
+
+def test_docker_json_file_lines_are_unwrapped() -> None:
+    raw = (
+        '{"log":"(APIServer pid=1) ERROR 05-10 12:00:00 [a.py:1] boom\\n",'
+        '"stream":"stderr","time":"2026-11-30T01:02:03.1Z"}'
+    )
+    line = parse_line(1, raw)
+    assert (line.process, line.level, line.body) == ("APIServer pid=1", "ERROR", "boom")
+
+
+_WORDS = st.text(
+    alphabet=st.characters(whitelist_categories=("L", "N"), whitelist_characters="._-:'/()="),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_WORDS, min_size=1, max_size=6))
+def test_a_literal_pattern_finds_itself_with_any_whitespace(words: list[str]) -> None:
+    pattern = " ".join(words)
+    p = compile_pattern(pattern)
+    assert p.search(pattern) == {}
+    assert p.search("prefix  " + "\t ".join(words) + " suffix") == {}
+
+
+@settings(max_examples=100, deadline=None)
+@given(_WORDS, _WORDS, st.text(max_size=40))
+def test_star_skips_any_filler_between_two_literals(a: str, b: str, filler: str) -> None:
+    p = compile_pattern(f"{a}{{*}}{b}")
+    assert p.search(f"{a}{filler}{b}") is not None
+
+
+@pytest.mark.timeout(120)
+def test_pathological_long_candidate_line_is_bounded() -> None:
+    from kk3evidence.analysis import analyze
+
+    line = ("NCCL error in: x.cpp:1, " * 40000 + "\n").encode()
+    a = analyze(line * 3)
+    assert a.lines_total == 3
