@@ -226,3 +226,17 @@ def test_non_vllm_commands_compare_token_by_token() -> None:
     b = run("b", argv=["torchrun", "--nproc-per-node", "4", "train.py"])
     (change,) = diff(a, b).variables
     assert change.label == "launch command"
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=st.lists(st.one_of(
+    st.sampled_from(["--max-num-seqs", "-tp", "--enable-prefix-caching",
+                     "--no-enable-prefix-caching", "--compilation-config.mode", "-O3",
+                     "--model", "--", "=", "--x=", "-"]),
+    st.text(max_size=12)), max_size=12))
+def test_any_argv_after_vllm_serve_diffs_without_crashing(tokens: list[str]) -> None:
+    a = run("a", argv=["vllm", "serve", *tokens])
+    b = run("b", argv=["vllm", "serve", "m", *reversed(tokens)])
+    result = diff(a, b)
+    assert result.verdict in ("none", "one", "several")
+    json.dumps(result.to_json())
