@@ -236,7 +236,7 @@ class AnalysisEngine:
         find = block.find
         while pos < n:
             if tracker.busy:
-                e = find(b"\n", pos)
+                e = find(b"\n", pos, n)
                 if e < 0:
                     e = n
                 ids: list[int] = []
@@ -252,7 +252,7 @@ class AnalysisEngine:
             while k < n_hits and (others[k][0] <= pos or noise_only[others[k][1]]):
                 k += 1
             if k >= n_hits:
-                line_no += count(b"\n", pos)
+                line_no += count(b"\n", pos, n)
                 break
             end, aid = others[k]
             alen = len(c.prefilter.anchor_bytes[aid])
@@ -260,7 +260,7 @@ class AnalysisEngine:
             if s <= 0:
                 s = pos
             line_no += count(b"\n", pos, s)
-            e = find(b"\n", end)
+            e = find(b"\n", end, n)
             if e < 0:
                 e = n
             ids = []
@@ -301,12 +301,12 @@ class AnalysisEngine:
                 no = base + 1
                 while len(after) < want and pos < n:
                     if no > covered:
-                        f = block.find(b"\n", pos)
+                        f = block.find(b"\n", pos, n)
                         f = n if f < 0 else f
                         after.append([no, decode_line(block[pos:f])])
                         pos = f + 1
                     else:
-                        f = block.find(b"\n", pos)
+                        f = block.find(b"\n", pos, n)
                         pos = n if f < 0 else f + 1
                     no += 1
                 if len(after) < want:
