@@ -240,3 +240,8 @@ def test_any_argv_after_vllm_serve_diffs_without_crashing(tokens: list[str]) -> 
     result = diff(a, b)
     assert result.verdict in ("none", "one", "several")
     json.dumps(result.to_json())
+    from kk3evidence.compat import check
+    from kk3evidence.report import render_report
+
+    assert check(a).exit_code in (0, 6)
+    assert render_report(b, baseline=a, fmt="html").startswith("<!DOCTYPE html>")
