@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import stat
 import sys
 import tarfile
 import zlib
@@ -454,10 +455,19 @@ def _context_around(
 # -- sources -------------------------------------------------------------------------------
 
 
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
 def _is_tar(path: Path) -> bool:
     name = path.name.lower()
     if name.endswith(_BUNDLE_SUFFIXES):
         return True
+    if not _is_regular(path):
+        return False  # a FIFO or device: probing would consume what it delivers
     try:
         return tarfile.is_tarfile(path)
     except (OSError, EOFError, tarfile.TarError, zlib.error):
@@ -520,11 +530,13 @@ def _read_blocks(fh: IO[bytes] | Any) -> Iterator[bytes]:
 
 
 def _file_blocks(path: Path) -> Iterator[bytes]:
-    try:
-        with open(path, "rb") as probe:
-            magic = probe.read(2)
-    except OSError:
-        magic = b""
+    magic = b""
+    if _is_regular(path):
+        try:
+            with open(path, "rb") as probe:
+                magic = probe.read(2)
+        except OSError:
+            magic = b""
     if magic == b"\x1f\x8b":  # a gzip-compressed plain log (server.log.gz)
         try:
             with gzip.open(path, "rb") as gz:

@@ -305,3 +305,17 @@ def test_every_prefilter_engine_and_block_size_gives_the_same_analysis(
     monkeypatch.setattr(mod, "BLOCK_SIZE", 4096)
     small = analyze(io.BytesIO(data), engine=engine).to_json()
     assert small == ref
+
+
+def test_named_pipe_is_streamed_without_losing_its_first_bytes(tmp_path: Path) -> None:
+    src = tmp_path / "server.log"
+    src.write_bytes(FAIL_LOG)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"cat '{src}' > '{fifo}'"])
+    try:
+        a = analyze(fifo)
+    finally:
+        writer.wait(timeout=30)
+    assert a.lines_total == 8
+    assert a.first_failure is not None and a.first_failure.line_no == 7
