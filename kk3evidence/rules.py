@@ -29,12 +29,13 @@ from .grammar import (
     normalize_level,
     parse_line,
 )
-from .model import CATEGORIES, STAGES
+from .model import CATEGORIES, RULE_STATUSES, SEVERITIES, STAGES
 
 __all__ = [
     "KINDS",
     "Rule",
     "RuleSet",
+    "check_rules",
     "iter_rule_problems",
     "load_rule_files",
     "load_rules",
@@ -62,7 +63,7 @@ class Rule:
     why: str
     next_steps: tuple[str, ...]
     anchors: tuple[str, ...]
-    patterns: tuple[CompiledPattern, ...]
+    pattern_sources: tuple[str, ...]
     levels: frozenset[str] | None
     match: tuple[str, ...]
     no_match: tuple[str, ...]
@@ -82,11 +83,16 @@ class Rule:
         ``complete`` mark): the fast path only needs its first and last line per block."""
         return (
             self.kind == "milestone"
-            and not self.patterns
+            and not self.pattern_sources
             and self.levels is None
             and self.marks in (None, "complete")
             and self.scope == "line"
         )
+
+    @property
+    def patterns(self) -> tuple[CompiledPattern, ...]:
+        """The compiled patterns (compiled on first use, shared across rules)."""
+        return tuple(_compiled(p) for p in self.pattern_sources)
 
     def matches(self, line: LogLine) -> dict[str, str] | None:
         if self.scope == "exception" and line.tb_role not in ("exception", "detail"):
@@ -100,7 +106,7 @@ class Rule:
             body = body[:MAX_MATCH_CHARS]
         if self.anchors and not any(a in body for a in self.anchors):
             return None
-        if not self.patterns:
+        if not self.pattern_sources:
             return {}
         for pat in self.patterns:
             caps = pat.search(body)
@@ -128,7 +134,7 @@ class Rule:
             "why": self.why,
             "next_steps": list(self.next_steps),
             "anchors": list(self.anchors),
-            "pattern": [p.source for p in self.patterns],
+            "pattern": list(self.pattern_sources),
             "levels": sorted(self.levels) if self.levels is not None else None,
             "match": list(self.match),
             "no_match": list(self.no_match),
@@ -140,6 +146,11 @@ class Rule:
             "priority": self.priority,
             "source": self.source,
         }
+
+
+@functools.lru_cache(maxsize=8192)
+def _compiled(source: str) -> CompiledPattern:
+    return compile_pattern(source)
 
 
 def _as_exception(line: LogLine) -> LogLine:
@@ -218,14 +229,27 @@ def _schema() -> dict[str, Any]:
     return data
 
 
-def iter_rule_problems(doc: dict[str, Any], source: str) -> Iterator[str]:
-    """Yield one located message per problem in a parsed rule file (schema + semantics)."""
-    import jsonschema  # type: ignore[import-untyped]
+def iter_rule_problems(
+    doc: dict[str, Any], source: str, *, strict: bool = True
+) -> Iterator[str]:
+    """Yield one located message per problem in a parsed rule file.
 
-    validator = jsonschema.Draft202012Validator(_schema())
-    for err in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
-        yield f"{source}: ${path}: {err.message}"
+    ``strict`` (the default; tests, ``--check``, user rule files) validates against
+    ``schemas/rule.schema.json`` and compiles every pattern. The shipped rules are loaded
+    non-strict at run time (the test suite has validated them): only the cheap semantic checks
+    run, and each pattern is compiled once, by the loader.
+    """
+    if strict:
+        import jsonschema  # type: ignore[import-untyped]
+
+        validator = jsonschema.Draft202012Validator(_schema())
+        for err in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
+            path = "".join(
+                f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path
+            )
+            yield f"{source}: ${path}: {err.message}"
+    elif not isinstance(doc.get("rule"), list):
+        yield f"{source}: no [[rule]] tables"
     for i, r in enumerate(doc.get("rule", []) if isinstance(doc.get("rule"), list) else []):
         if not isinstance(r, dict):
             continue
@@ -250,6 +274,21 @@ def iter_rule_problems(doc: dict[str, Any], source: str) -> Iterator[str]:
             yield f"{where}: marks is only for kind = 'milestone'"
         if not _as_list(r.get("match")):
             yield f"{where}: give at least one match example"
+        for field_name in ("id", "name", "kind", "summary"):
+            if not isinstance(r.get(field_name), str):
+                yield f"{where}: {field_name} is missing or not a string"
+        if kind not in KINDS:
+            yield f"{where}: kind must be one of {', '.join(KINDS)}"
+        if r.get("stage") is not None and r.get("stage") not in STAGES:
+            yield f"{where}: unknown stage {r.get('stage')!r}"
+        if r.get("category") is not None and r.get("category") not in CATEGORIES:
+            yield f"{where}: unknown category {r.get('category')!r}"
+        if r.get("severity") is not None and r.get("severity") not in SEVERITIES:
+            yield f"{where}: unknown severity {r.get('severity')!r}"
+        if r.get("status") is not None and r.get("status") not in RULE_STATUSES:
+            yield f"{where}: unknown status {r.get('status')!r}"
+        if not strict:
+            continue
         for pat in _as_list(r.get("pattern")):
             if not isinstance(pat, str):
                 continue
@@ -260,11 +299,7 @@ def iter_rule_problems(doc: dict[str, Any], source: str) -> Iterator[str]:
 
 
 def _compile_rule(r: dict[str, Any], source: str, order: int) -> Rule:
-    where = f"{source}: rule {r.get('id', '?')}"
-    try:
-        patterns = tuple(compile_pattern(p) for p in _as_list(r.get("pattern")))
-    except RuleError as err:
-        raise RuleError(f"{where}: {err}") from None
+    patterns = tuple(str(p) for p in _as_list(r.get("pattern")))
     levels = r.get("levels")
     lv = frozenset(normalize_level(x) or x for x in levels) if levels else None
     cons = r.get("consequence_of")
@@ -280,7 +315,7 @@ def _compile_rule(r: dict[str, Any], source: str, order: int) -> Rule:
         why=r.get("why", ""),
         next_steps=tuple(r.get("next_steps", [])),
         anchors=tuple(r.get("anchors", [])),
-        patterns=patterns,
+        pattern_sources=patterns,
         levels=lv,
         match=tuple(_as_list(r.get("match"))),
         no_match=tuple(_as_list(r.get("no_match"))),
@@ -296,7 +331,7 @@ def _compile_rule(r: dict[str, Any], source: str, order: int) -> Rule:
     )
 
 
-def _load_docs(docs: Iterable[tuple[str, str]]) -> RuleSet:
+def _load_docs(docs: Iterable[tuple[str, str]], *, strict: bool = True) -> RuleSet:
     rules: list[Rule] = []
     problems: list[str] = []
     for source, text in docs:
@@ -304,20 +339,26 @@ def _load_docs(docs: Iterable[tuple[str, str]]) -> RuleSet:
             doc = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise RuleError(f"{source}: not valid TOML ({err}); fix the file") from None
-        file_problems = list(iter_rule_problems(doc, source))
+        file_problems = list(iter_rule_problems(doc, source, strict=strict))
         if file_problems:
             problems.extend(file_problems)
             continue
         for r in doc.get("rule", []):
-            rules.append(_compile_rule(r, source, len(rules)))
+            try:
+                rules.append(_compile_rule(r, source, len(rules)))
+            except (KeyError, TypeError, ValueError) as err:
+                raise RuleError(
+                    f"{source}: rule {r.get('id', '?')}: malformed ({err}); run "
+                    "'python -m kk3evidence.rules --check' for every problem"
+                ) from None
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise RuleError(problems[0] + more)
     return _build(rules)
 
 
-def load_rule_files(paths: Sequence[str | Path]) -> RuleSet:
-    """Load rule files (or every ``*.toml`` in given folders)."""
+def load_rule_files(paths: Sequence[str | Path], *, strict: bool = True) -> RuleSet:
+    """Load rule files (or every rule file ``*.toml`` in given folders), validated strictly."""
     docs: list[tuple[str, str]] = []
     for p in paths:
         path = Path(p)
@@ -330,7 +371,7 @@ def load_rule_files(paths: Sequence[str | Path]) -> RuleSet:
             if path.is_dir() and not _is_rule_doc(text):
                 continue
             docs.append((f.name if path.is_dir() else str(f), text))
-    return _load_docs(docs)
+    return _load_docs(docs, strict=strict)
 
 
 RULES_SCHEMA = "kk3evidence/rules/v1"
@@ -347,17 +388,26 @@ def _is_rule_doc(text: str) -> bool:
     return "[[rule]]" in text
 
 
-@functools.lru_cache(maxsize=1)
-def load_rules() -> RuleSet:
-    """The rules shipped with kk3evidence (top-level ``rules/*.toml`` rule files), compiled
-    once and cached."""
+def _shipped_docs() -> list[tuple[str, str]]:
     docs: list[tuple[str, str]] = []
     for node in sorted(_resources.data_dir("rules").iterdir(), key=lambda t: t.name):
         if node.is_file() and node.name.endswith(".toml"):
             text = node.read_text(encoding="utf-8")
             if _is_rule_doc(text):
                 docs.append((node.name, text))
-    return _load_docs(docs)
+    return docs
+
+
+@functools.lru_cache(maxsize=1)
+def load_rules() -> RuleSet:
+    """The rules shipped with kk3evidence (top-level ``rules/*.toml`` rule files), compiled
+    once and cached. (The test suite and ``--check`` validate them against the schema.)"""
+    return _load_docs(_shipped_docs(), strict=False)
+
+
+def check_rules() -> RuleSet:
+    """The shipped rules, validated strictly (schema, every pattern)."""
+    return _load_docs(_shipped_docs(), strict=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -432,8 +482,8 @@ def render_rules_doc(ruleset: RuleSet | None = None) -> str:
                 out += ["**Next steps.**", ""] + [f"1. {s}" for s in r.next_steps] + [""]
             if r.anchors:
                 out += ["Anchors: " + ", ".join(f"`{a}`" for a in r.anchors), ""]
-            for p in r.patterns:
-                out += [f"Pattern: `{p.source}`", ""]
+            for src in r.pattern_sources:
+                out += [f"Pattern: `{src}`", ""]
             if r.match:
                 out += ["Matches:", "", "```text", *r.match, "```", ""]
             if r.no_match:
@@ -448,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args[:1] == ["--check"]:
         try:
-            rs = load_rules()
+            rs = check_rules()
         except RuleError as err:
             sys.stderr.write(f"kk3evidence: error: {err}\n")
             return 4

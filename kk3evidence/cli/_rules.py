@@ -50,8 +50,8 @@ def _show(r: Rule) -> str:
     if r.next_steps:
         lines += ["", "Next steps:"] + [f"  {i}. {s}" for i, s in enumerate(r.next_steps, 1)]
     lines += ["", "Anchors: " + (", ".join(repr(a) for a in r.anchors) or "(none)")]
-    for p in r.patterns:
-        lines.append(f"Pattern: {p.source}")
+    for src in r.pattern_sources:
+        lines.append(f"Pattern: {src}")
     if r.match:
         lines += ["", "Matches:"] + [f"  {m}" for m in r.match]
     if r.no_match:
