@@ -32,9 +32,11 @@ th { background: #f6f8fa; white-space: nowrap; }
 code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: .88em;
        background: #f6f8fa; padding: .05rem .3rem; border-radius: 4px; }
 pre { background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 6px; padding: .8rem;
-      overflow-x: auto; font-size: .85rem; line-height: 1.4; }
+      overflow-x: auto; font-size: .85rem; line-height: 1.4; white-space: pre-wrap;
+      overflow-wrap: anywhere; }
 pre code { background: none; padding: 0; }
-.log .ln { display: block; white-space: pre; }
+.log .ln { display: block; white-space: pre-wrap; overflow-wrap: anywhere;
+           padding-left: 8ch; text-indent: -8ch; }
 .log .mark { background: #ffebe9; color: #82071e; font-weight: 600; }
 .log .no { color: #6e7781; user-select: none; }
 .st { font-weight: 600; padding: .05rem .45rem; border-radius: 999px; white-space: nowrap; }
