@@ -203,10 +203,19 @@ def _is_driver_library(name: str) -> bool:
     return name.startswith(("libcuda.so", "libnvidia", "libnvidia-ml"))
 
 
+_ONE_SIDED = "recorded on one side only: cannot tell whether it changed"
+
+
 def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored]) -> None:
     fa, fb = a.fingerprint, b.fingerprint
-    image_changed = False
-    image_label = "image id"
+    # The container runtime is always known: None means no container was detected.
+    rt_a, rt_b = _get(fa, "container.runtime"), _get(fb, "container.runtime")
+    runtime_changed = rt_a != rt_b
+    if runtime_changed:
+        out.append(Change("fingerprint:container.runtime", "fingerprint", rt_a, rt_b,
+                          "container runtime"))
+    image_changed = runtime_changed
+    image_label = "container runtime"
     ref_a, ref_b = _get(fa, "container.image_ref"), _get(fb, "container.image_ref")
     id_a, id_b = _get(fa, "container.image_id"), _get(fb, "container.image_id")
     # The image: compare by id when both sides know it (a tag can move); a renamed tag with the
@@ -214,6 +223,7 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
     if id_a and id_b:
         if id_a != id_b:
             image_changed = True
+            image_label = "image id"
             out.append(Change("fingerprint:container.image_id", "fingerprint", id_a, id_b,
                               "image id",
                               detail=None if ref_a != ref_b else f"same tag {ref_a} moved"))
@@ -224,23 +234,31 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
             else:
                 out.append(Change("fingerprint:container.image_ref", "fingerprint", ref_a, ref_b,
                                   "image reference", explained_by="image id"))
-    elif ref_a != ref_b:
+    elif ref_a and ref_b and ref_a != ref_b:
         image_changed = True
         image_label = "image reference"
         out.append(Change("fingerprint:container.image_ref", "fingerprint", ref_a, ref_b,
                           "image reference",
                           detail="image id unknown on at least one side"))
-    elif id_a != id_b:
-        out.append(Change("fingerprint:container.image_id", "fingerprint", id_a, id_b, "image id",
-                          detail="known on one side only"))
-        image_changed = True
+    else:
+        for what, va, vb in (("image reference", ref_a, ref_b), ("image id", id_a, id_b)):
+            if va == vb:
+                continue
+            if runtime_changed:
+                out.append(Change(f"fingerprint:container.{what.replace(' ', '_')}",
+                                  "fingerprint", va, vb, what,
+                                  explained_by="container runtime"))
+            else:
+                ign.append(Ignored(what, va, vb, _ONE_SIDED))
 
     driver_changed = _get(fa, "gpus.driver_version") != _get(fb, "gpus.driver_version")
     gpus_a, gpus_b = _gpu_identity(fa), _gpu_identity(fb)
-    gpus_changed = gpus_a != gpus_b
+    gpus_changed = gpus_a != gpus_b and gpus_a is not None and gpus_b is not None
     if gpus_changed:
         out.append(Change("fingerprint:gpus.devices", "fingerprint",
                           _gpu_summary(gpus_a), _gpu_summary(gpus_b), "GPUs"))
+    elif gpus_a != gpus_b:
+        ign.append(Ignored("GPUs", _gpu_summary(gpus_a), _gpu_summary(gpus_b), _ONE_SIDED))
 
     cvd_changed = _get(a.fingerprint, "env.CUDA_VISIBLE_DEVICES") != _get(
         b.fingerprint, "env.CUDA_VISIBLE_DEVICES")
@@ -257,10 +275,21 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
             explained = "NVIDIA driver"
         elif cause == "gpus" and (gpus_changed or cvd_changed):
             explained = "GPUs" if gpus_changed else "env CUDA_VISIBLE_DEVICES"
+        elif (va is None) != (vb is None):
+            if gpus_changed and path.startswith("gpus."):
+                explained = "GPUs"  # GPUs on one side only: their driver comes with them
+            else:
+                # Not collected on one side (a probe failed or timed out): unknown, not a change.
+                ign.append(Ignored(label, va, vb, _ONE_SIDED))
+                continue
         out.append(Change(f"fingerprint:{path}", "fingerprint", va, vb, label,
                           explained_by=explained))
 
     libs_a, libs_b = _libraries(fa), _libraries(fb)
+    if bool(libs_a) != bool(libs_b):
+        ign.append(Ignored("loaded libraries", len(libs_a), len(libs_b),
+                           "library scan empty on one side: cannot tell whether they changed"))
+        libs_a, libs_b = {}, {}
     for name in sorted(set(libs_a) | set(libs_b)):
         la, lb = libs_a.get(name), libs_b.get(name)
         if la == lb:

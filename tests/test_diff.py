@@ -245,3 +245,34 @@ def test_any_argv_after_vllm_serve_diffs_without_crashing(tokens: list[str]) -> 
 
     assert check(a).exit_code in (0, 6)
     assert render_report(b, baseline=a, fmt="html").startswith("<!DOCTYPE html>")
+
+
+def test_a_field_missing_on_one_side_is_unknown_not_a_change() -> None:
+    fa = gpu_fingerprint()
+    fb = copy.deepcopy(fa)
+    fb["python"]["vllm_version"] = None  # the Python probe timed out in B
+    fb["libraries"] = []  # the library scan found nothing in B
+    result = diff(run("a", argv=K3, fingerprint=fa), run("b", argv=K3, fingerprint=fb))
+    assert result.verdict == "none"
+    assert {"vLLM version", "loaded libraries"} <= {i.what for i in result.ignored}
+
+
+def test_cpu_to_gpu_host_counts_the_gpus_once() -> None:
+    gpu = gpu_fingerprint()
+    cpu = copy.deepcopy(CPU_FINGERPRINT)
+    cpu["container"] = gpu["container"]
+    cpu["python"] = gpu["python"] | {"cuda_device_count": 0}
+    cpu["env"] = gpu["env"]
+    cpu["libraries"] = gpu["libraries"]
+    result = diff(run("a", argv=K3, fingerprint=cpu), run("b", argv=K3, fingerprint=gpu))
+    assert "GPUs" in labels(result)
+    follow = {c.label: c.explained_by for c in result.changes if not c.counted}
+    assert follow["NVIDIA driver"] == "GPUs"
+
+
+def test_leaving_the_container_counts_once() -> None:
+    inside = gpu_fingerprint()
+    outside = copy.deepcopy(inside)
+    outside["container"] = dict.fromkeys(inside["container"])
+    result = diff(run("a", argv=K3, fingerprint=inside), run("b", argv=K3, fingerprint=outside))
+    assert labels(result) == ["container runtime"]
