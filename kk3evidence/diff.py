@@ -29,7 +29,6 @@ __all__ = ["Change", "DiffResult", "diff", "diff_evidence"]
 Group = Literal["fingerprint", "command", "env", "request", "outcome"]
 Verdict = Literal["none", "one", "several"]
 
-UNSET = None  # a value absent on one side
 
 
 @dataclass(frozen=True, slots=True)
