@@ -154,3 +154,24 @@ def test_docs_rules_md_is_up_to_date() -> None:
     doc = ROOT / "docs" / "rules.md"
     current = doc.read_text(encoding="utf-8") if doc.exists() else ""
     assert current == render_rules_doc(), f"docs/rules.md is stale; regenerate: {DOC_COMMAND}"
+
+
+def test_rules_module_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from kk3evidence.rules import main
+
+    assert main(["--check"]) == 0
+    assert "rules OK" in capsys.readouterr().out
+    assert main(["--doc"]) == 0
+    assert capsys.readouterr().out == render_rules_doc()
+    assert main(["--nope"]) == 2
+
+
+def test_strict_loading_reports_a_bad_pattern_with_its_rule(tmp_path: Path) -> None:
+    (tmp_path / "x.toml").write_text(
+        'schema = "kk3evidence/rules/v1"\n[[rule]]\nid = "XX001"\nname = "x"\n'
+        'kind = "failure"\nstage = "serving"\ncategory = "other"\nsummary = "s"\n'
+        'anchors = ["abcd"]\npattern = "abcd {nosuch}"\nmatch = ["abcd 1"]\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(RuleError, match=r"XX001.*unknown block"):
+        load_rule_files([tmp_path])
