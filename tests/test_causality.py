@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kk3evidence.analysis import analyze
 from kk3evidence.rules import RuleSet, load_rule_files
@@ -319,3 +321,53 @@ def test_fallback_stage_is_the_stage_in_progress(rs: RuleSet) -> None:
     )
     assert a.first_failure is not None
     assert (a.first_failure.stage, a.first_failure.rule) == ("serving", "TEXC001")
+
+
+# -- invariants over random mixes of real-looking lines -----------------------------------------
+
+_LINES = [
+    "(Worker_TP0 pid=1) ERROR 05-10 12:00:00 [w.py:1] "
+    "RuntimeError: NCCL error: unhandled system error",
+    "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    "ValueError: ... larger than the available KV cache memory (0.0 GiB)",
+    "WARNING 05-10 12:00:00 [x.py:1] the disk is slow today",
+    "INFO 05-10 12:00:00 [w.py:1] Available KV cache memory: -2.77 GiB",
+    "RuntimeError: Engine core initialization failed. See root cause above.",
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+    "Loading weights took 0.5 seconds",
+    "INFO:     Application startup complete.",
+    "[shutdown] API server: shutdown triggered",
+    "world_size=1 rank=0 distributed_init_method=file:///tmp/x backend=gloo",
+    "Traceback (most recent call last):",
+    '  File "/x.py", line 1, in f',
+    "    code()",
+    "OSError: boom",
+    "",
+    "The above exception was the direct cause of the following exception:",
+    "During handling of the above exception, another exception occurred:",
+    "plain line",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_LINES), max_size=40))
+def test_causality_invariants_hold_for_any_mix(rs: RuleSet, lines: list[str]) -> None:
+    a = run(rs, "".join(x + "\n" for x in lines))
+    nos = [f.line_no for f in a.findings]
+    assert nos == sorted(nos) and len(set(nos)) == len(nos)
+    kinds = {f.line_no: f.kind for f in a.findings}
+    ff = a.first_failure
+    if ff is None:
+        assert all(f.severity not in ("fatal", "error") for f in a.findings if f.kind == "failure")
+        assert not a.consequences
+    else:
+        assert ff.line_no in kinds
+        if kinds[ff.line_no] == "consequence":
+            assert "failure" not in kinds.values()
+        for c in a.consequences:
+            assert c.kind == "consequence" and c.caused_by is not None
+            assert c.line_no != ff.line_no
+        assert a.last_stage_reached is not None
+        assert any(s.stage == ff.stage and s.status == "failed" for s in a.stages)
+    for s in a.stages:
+        assert 1 <= s.first_line <= s.last_line <= max(a.lines_total, 1)
