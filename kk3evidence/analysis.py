@@ -51,6 +51,7 @@ class _Compiled:
     n_rule_anchors: int
     single: tuple[bool, ...]
     noise_only: tuple[bool, ...]  # anchors of noise rules only: never a reason to look at a line
+    completable: frozenset[str]  # stages with completion milestones
 
 
 _CACHE: dict[int, _Compiled] = {}
@@ -75,6 +76,11 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
         n_rule_anchors=len(ruleset.anchors),
         single=tuple(single),
         noise_only=tuple(noise_only),
+        completable=frozenset(
+            r.stage
+            for r in ruleset.rules
+            if r.kind == "milestone" and r.stage and r.marks in ("complete", "ready")
+        ),
     )
     _CACHE[key] = c
     return c
@@ -105,6 +111,7 @@ class AnalysisEngine:
         self._hits_dropped = 0
         self._evidence: dict[str, StageEvidence] = {}
         self._shutdown_line: int | None = None
+        self._ready_line: int | None = None
         self._long_lines = 0
         self._lo = 0  # bounds of the block being processed
         self._hi = 0
@@ -168,6 +175,8 @@ class AnalysisEngine:
             self._hits,
             self._evidence,
             shutdown_line=self._shutdown_line,
+            ready_line=self._ready_line,
+            completable=self._c.completable,
             chain_links=self._tracker.chain_links,
         )
         extra: dict[str, Any] = {}
@@ -193,6 +202,8 @@ class AnalysisEngine:
             extra["long_lines_truncated"] = self._long_lines
         if self._shutdown_line is not None:
             extra["shutdown_requested_line"] = self._shutdown_line
+        if self._ready_line is not None:
+            extra["ready_line"] = self._ready_line
         return Analysis(
             source=self.source,
             lines_total=self.lines,
@@ -364,8 +375,14 @@ class AnalysisEngine:
                 if rule.stage:
                     self._stage_seen(rule.stage, line_at[f_off])
                     self._stage_seen(rule.stage, line_at[l_off])
-                    if rule.marks == "complete":
+                    if rule.marks in ("complete", "ready"):
                         self._stage_completed(rule.stage, line_at[f_off])
+                    if rule.marks == "ready":
+                        self._mark_ready(line_at[f_off])
+
+    def _mark_ready(self, line_no: int) -> None:
+        if self._ready_line is None or line_no < self._ready_line:
+            self._ready_line = line_no
 
     def _stage_completed(self, stage: str, line_no: int) -> None:
         ev = self._evidence[stage]
@@ -402,8 +419,10 @@ class AnalysisEngine:
         if rule.kind == "milestone":
             if rule.stage:
                 self._stage_seen(rule.stage, line_no)
-                if rule.marks == "complete":
+                if rule.marks in ("complete", "ready"):
                     self._stage_completed(rule.stage, line_no)
+            if rule.marks == "ready":
+                self._mark_ready(line_no)
             if rule.marks == "shutdown" and self._shutdown_line is None:
                 self._shutdown_line = line_no
             return

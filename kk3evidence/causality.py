@@ -104,9 +104,15 @@ def resolve(
     evidence: dict[str, StageEvidence],
     *,
     shutdown_line: int | None = None,
+    ready_line: int | None = None,
     chain_links: dict[int, list[str | None]] | None = None,
+    completable: frozenset[str] = frozenset(),
 ) -> Resolution:
-    """Decide roots, consequences and the first failure from the classified lines."""
+    """Decide roots, consequences and the first failure from the classified lines.
+
+    ``ready_line`` is the first line showing the server answering (``marks = "ready"``);
+    ``completable`` the stages that have completion milestones (a failure while one of them is
+    in progress belongs to it, see :func:`_failure_stage`)."""
     links = chain_links or {}
     notes: list[str] = []
     # Drop fallback exceptions that a "During handling…" chain superseded (the outer one is what
@@ -122,19 +128,14 @@ def resolve(
         kept.append(h)
 
     stage_of: dict[int, str] = {}
-    ready = evidence.get("api_ready")
     serving = evidence.get("serving")
-    ready_at = ready.completed_at if ready is not None else None
+    ready_at = ready_line
     if serving is not None and (ready_at is None or serving.first_line < ready_at):
         ready_at = serving.first_line
     for h in kept:
-        no = h.line.line_no
-        if ready_at is not None and ready_at < no:
-            # After the API server answered (or requests were served), whatever fails happens
-            # while serving.
-            stage_of[no] = "serving"
-        elif (h.rule.fallback and h.rule.scope == "exception") or not h.rule.stage:
-            stage_of[no] = stage_in_progress(no, evidence, default=h.rule.stage)
+        stage = _failure_stage(h, evidence, ready_at, completable)
+        if stage is not None:
+            stage_of[h.line.line_no] = stage
 
     roots: list[Classified] = []
     first_by_rule: dict[str, Classified] = {}
@@ -226,6 +227,37 @@ def resolve(
         first_captures=dict(first.captures) if first else {},
         notes=tuple(notes),
     )
+
+
+def _failure_stage(
+    h: Classified,
+    evidence: dict[str, StageEvidence],
+    ready_at: int | None,
+    completable: frozenset[str],
+) -> str | None:
+    """The stage a failure line belongs to when it is not simply its rule's stage.
+
+    * After the server answered (health 200, requests served) whatever fails is ``serving``.
+    * A fallback exception takes the stage in progress.
+    * A failure whose rule names a later stage than the one in progress, while that one (with
+      completion milestones: weights, engine, API) has started and not completed, belongs to
+      the stage in progress (an OOM while weights load is a weights_access failure).
+    """
+    no = h.line.line_no
+    r = h.rule
+    if ready_at is not None and ready_at < no:
+        return "serving"
+    if (r.fallback and r.scope == "exception") or not r.stage:
+        return stage_in_progress(no, evidence, default=r.stage)
+    seen = [s for s, ev in evidence.items() if ev.first_line < no]
+    if not seen:
+        return None
+    cur = max(seen, key=lambda s: _T[s])
+    ev = evidence[cur]
+    unfinished = ev.completed_at is None or ev.completed_at > no
+    if cur in completable and unfinished and _T[cur] < _T[r.stage]:
+        return cur
+    return None
 
 
 def _pick_cause(cats: frozenset[str] | None, roots: list[Classified]) -> Classified | None:

@@ -348,6 +348,11 @@ _NCCL_RE = re.compile(
     r"^(?P<host>[A-Za-z0-9_.\-]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>[^\]]*)\]\s+"
     r"(?:[A-Za-z0-9_./\-]+\.(?:cc|cpp|h|c):\d+\s+)?(?=NCCL\s+(?P<level>INFO|WARN|ERROR|TRACE)\b)"
 )
+# An application's own logging format: "[ERROR] [MainThread] [asyncio] >>> msg"
+_BRACKET_LEVEL_RE = re.compile(
+    r"^\[(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]\s*"
+    r"(?:\[[^\]\s]{1,40}\]\s*)*(?:>>>\s?|[-:|]\s)?"
+)
 _UVICORN_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _PYLOG_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<name>[\w.]+):")
 
@@ -469,7 +474,7 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
                     process = f"{m.group('host')}:{pid}"
                 rest = rest[m.end() :]
             else:
-                m = _UVICORN_RE.match(rest)
+                m = _UVICORN_RE.match(rest) or _BRACKET_LEVEL_RE.match(rest)
                 if m:
                     level = normalize_level(m.group("level"))
                     rest = rest[m.end() :]

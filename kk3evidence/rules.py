@@ -69,7 +69,9 @@ class Rule:
     no_match: tuple[str, ...]
     consequence_of: frozenset[str] | None
     when: str | None = None  # noise: "shutdown" = only after a requested shutdown
-    marks: str | None = None  # milestone: "shutdown" (requested stop) | "complete" (stage done)
+    # milestone: "complete" (stage done), "ready" (the server answers: complete + serving starts
+    # at the next failure), "shutdown" (a stop was requested)
+    marks: str | None = None
     scope: str = "line"  # "line" | "exception" (only traceback exception/detail lines)
     fallback: bool = False  # only when no other rule claims the line
     priority: int = 0
@@ -85,7 +87,7 @@ class Rule:
             self.kind == "milestone"
             and not self.pattern_sources
             and self.levels is None
-            and self.marks in (None, "complete")
+            and self.marks in (None, "complete", "ready")
             and self.scope == "line"
         )
 

@@ -178,6 +178,11 @@ ENVELOPES = [
          "body": "Watchdog caught"},
     ),
     (
+        "[2024-04-17 20:07:13,727] [ERROR] [MainThread] [asyncio] >>>   File \"/x.py\", line 1",
+        {"timestamp": "2024-04-17 20:07:13,727", "level": "ERROR",
+         "body": '  File "/x.py", line 1'},
+    ),
+    (
         "(EngineCore_DP0 pid=6880) ValueError: boom",
         {"process": "EngineCore_DP0 pid=6880", "level": None, "body": "ValueError: boom"},
     ),
