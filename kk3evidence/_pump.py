@@ -198,12 +198,19 @@ class LineRecorder:
                 # A trickle of output: gather a few ms of it per write, so that this thread
                 # wakes (and takes the GIL from the pump) at most a few hundred times a second.
                 time.sleep(BATCH_SECONDS)
+            # Take up to a few MiB at a time; they count against the queue's bound until they
+            # are written, so the bound holds for everything in flight (memory stays flat).
             with self._cond:
-                batch = list(self._queue)
-                self._queue.clear()
-                self._queued = 0
+                batch = []
+                size = 0
+                while self._queue and size < INDEX_STEP:
+                    item = self._queue.popleft()
+                    batch.append(item)
+                    size += len(item[1]) if item[1] is not None else 0
             for stream, data, wall, mono in batch:
                 self._take(stream, data, wall, mono)
+            with self._cond:
+                self._queued -= size
             if self._queued < PRESSURE_BYTES:
                 self._index_pending(budget=INDEX_STEP)
             # Each batch reaches the OS at once: a SIGKILLed shim loses nothing it wrote.
