@@ -135,6 +135,36 @@ anchors = ["distributed_init_method="]
 match = ["world_size=1 rank=0 distributed_init_method=file:///tmp/x backend=gloo"]
 
 [[rule]]
+id = "TMS005"
+name = "load-start"
+kind = "milestone"
+stage = "weights_access"
+summary = "Loading starts."
+anchors = ["Starting to load model"]
+match = ["Starting to load model /m"]
+
+[[rule]]
+id = "TMS006"
+name = "health-ok"
+kind = "milestone"
+stage = "api_ready"
+summary = "Health 200."
+anchors = ["GET /health HTTP/1.1\" 200"]
+marks = "ready"
+match = ["INFO:     127.0.0.1:1 - \"GET /health HTTP/1.1\" 200 OK"]
+
+[[rule]]
+id = "TPORT001"
+name = "bind-failed"
+kind = "failure"
+stage = "api_ready"
+category = "port"
+severity = "fatal"
+summary = "Address in use."
+anchors = ["address already in use"]
+match = ["ERROR:    [Errno 98] error while attempting to bind on address: address already in use"]
+
+[[rule]]
 id = "TNOISE001"
 name = "shutdown-engine-dead"
 kind = "noise"
@@ -309,6 +339,41 @@ def test_stage_timeline_and_last_stage_reached(rs: RuleSet) -> None:
     assert (by["engine_init"].first_line, by["engine_init"].last_line) == (3, 3)
     assert a.last_stage_reached == "engine_init"
     assert [s.stage for s in a.stages] == ["weights_access", "engine_init", "comm_group"]
+
+
+def test_failure_after_startup_complete_but_before_ready_is_not_serving(rs: RuleSet) -> None:
+    a = run(
+        rs,
+        "INFO:     Application startup complete.\n"
+        "ERROR:    [Errno 98] error while attempting to bind on address: address already in use\n",
+    )
+    assert a.first_failure is not None and a.first_failure.stage == "api_ready"
+
+
+def test_failure_after_health_200_is_a_serving_failure(rs: RuleSet) -> None:
+    a = run(
+        rs,
+        'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK\n'
+        "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
+    )
+    assert a.first_failure is not None and a.first_failure.stage == "serving"
+    assert a.extra["ready_line"] == 1
+
+
+def test_failure_while_weights_load_belongs_to_weights_access(rs: RuleSet) -> None:
+    a = run(
+        rs,
+        "Starting to load model /m\n"
+        "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
+    )
+    assert a.first_failure is not None
+    assert (a.first_failure.stage, a.first_failure.category) == ("weights_access", "oom")
+    b = run(
+        rs,
+        "Starting to load model /m\nLoading weights took 0.5 seconds\n"
+        "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
+    )
+    assert b.first_failure is not None and b.first_failure.stage == "engine_init"
 
 
 def test_fallback_stage_is_the_stage_in_progress(rs: RuleSet) -> None:
