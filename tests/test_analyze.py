@@ -184,7 +184,10 @@ def test_cli_json_exit_codes_and_shape(tmp_path: Path) -> None:
     assert r.exit_code == 3, r.output
     doc = json.loads(r.output)
     _check_spec_shape(doc)
+    assert list(doc) == SPEC_KEYS  # exactly the SPEC's top-level keys
     assert doc["first_failure"]["line_no"] == 7 and doc["source"] == str(bad)
+    entry = next(f for f in doc["findings"] if f["line_no"] == 7)
+    assert entry["first_failure"] is True and entry["next_steps"] and entry["context"]["before"]
     r = CliRunner().invoke(main, ["analyze", str(good), "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["first_failure"] is None
 
