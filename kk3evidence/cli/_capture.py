@@ -96,6 +96,7 @@ def _say(message: str) -> None:
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
+    metavar="N",
     help="Send the fixed request N times.",
 )
 @click.option(
@@ -120,6 +121,7 @@ def _say(message: str) -> None:
     default=300.0,
     show_default=True,
     metavar="SECONDS",
+    help="Time limit of each request.",
 )
 @click.option(
     "--grace",
