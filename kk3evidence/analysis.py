@@ -18,7 +18,7 @@ import sys
 import tarfile
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,6 +36,7 @@ BLOCK_SIZE = 16 * 1024 * 1024
 MAX_LINE = 1024 * 1024  # longer lines are cut (the head is analysed, the rest skipped)
 MAX_HITS = 5000  # classified failure/consequence lines kept (memory stays flat)
 MAX_CONTEXTS = 200  # failure lines whose surrounding lines are kept for the report
+MAX_KEPT_TEXT = 8192  # characters of a finding's line kept (longer lines are data dumps)
 
 # Not rule anchors: they start traceback tracking (frames of an excerpt may lack the header).
 _STRUCTURAL_ANCHORS = (TB_HEADER, 'File "')
@@ -429,6 +430,15 @@ class AnalysisEngine:
         if len(self._hits) >= MAX_HITS:
             self._hits_dropped += 1
             return
+        if len(line.text) > MAX_KEPT_TEXT:
+            # Keep memory bounded: a kept finding never holds more than this of its line.
+            cut = f" …[{len(line.text) - MAX_KEPT_TEXT} more characters]"
+            short = replace(
+                line,
+                text=line.text[:MAX_KEPT_TEXT] + cut,
+                body=line.body[:MAX_KEPT_TEXT],
+            )
+            hit = replace(hit, line=short)
         self._hits.append(hit)
         if self.context and rule.kind == "failure" and len(self._context) < MAX_CONTEXTS:
             ctx = _context_around(

@@ -322,3 +322,10 @@ def test_named_pipe_is_streamed_without_losing_its_first_bytes(tmp_path: Path) -
         writer.wait(timeout=30)
     assert a.lines_total == 8
     assert a.first_failure is not None and a.first_failure.line_no == 7
+
+
+def test_kept_finding_text_is_bounded_for_huge_lines() -> None:
+    big = b"RuntimeError: Cannot find any model weights with `/m` " + b"y" * 200_000 + b"\n"
+    a = analyze(big * 3)
+    assert a.first_failure is not None
+    assert len(a.first_failure.text) < 9000 and "more characters]" in a.first_failure.text
