@@ -22,8 +22,8 @@ Examples:
 CMD's output passes through unchanged; capture's own messages start with
 'kk3evidence:' on stderr. Ctrl-C is forwarded to CMD (a second Ctrl-C kills its
 process group). Exit status: CMD's (128+N when it was killed by signal N).
-If capture itself is killed, run 'kk3evidence seal STAGING' on the staging
-folder it named at the start.
+If capture itself is killed, run 'kk3evidence seal STAGING -o BUNDLE' on the
+staging folder it named at the start.
 """
 
 
