@@ -189,6 +189,16 @@ _REDACT_ANCHORS: tuple[bytes, ...] = (
 )
 
 
+def _pattern_anchors() -> tuple[bytes, ...]:
+    """The redact module's own anchor literals (lower-case) when it exports them, else ours."""
+    from . import redact
+
+    theirs = getattr(redact, "ANCHORS", None) or getattr(redact, "_ANCHORS", None)
+    if theirs:
+        return tuple(sorted({bytes(a).lower() for a in theirs} | set(_REDACT_ANCHORS)))
+    return _REDACT_ANCHORS
+
+
 class _Anchors:
     """Offsets where any anchor (case-insensitive) or known secret (exact) occurs in a block.
 
@@ -213,9 +223,10 @@ class _Anchors:
     def _hyperscan(self) -> Callable[[bytes | memoryview], list[int]]:
         import hyperscan
 
-        exprs = [re.escape(a) for a in _REDACT_ANCHORS] + [re.escape(k) for k in self._known]
+        anchors = _pattern_anchors()
+        exprs = [re.escape(a) for a in anchors] + [re.escape(k) for k in self._known]
         nocase = hyperscan.HS_FLAG_CASELESS | hyperscan.HS_FLAG_SINGLEMATCH
-        flags = [nocase] * len(_REDACT_ANCHORS) + [hyperscan.HS_FLAG_SINGLEMATCH] * len(self._known)
+        flags = [nocase] * len(anchors) + [hyperscan.HS_FLAG_SINGLEMATCH] * len(self._known)
         db = hyperscan.Database()
         db.compile(expressions=exprs, ids=list(range(len(exprs))), flags=flags)
 
@@ -233,7 +244,7 @@ class _Anchors:
     def _re2(self) -> Callable[[bytes | memoryview], list[int]]:
         import re2
 
-        anchors = re2.compile(b"(?i)" + b"|".join(re.escape(a) for a in _REDACT_ANCHORS))
+        anchors = re2.compile(b"(?i)" + b"|".join(re.escape(a) for a in _pattern_anchors()))
         known = re2.compile(b"|".join(re.escape(k) for k in self._known)) if self._known else None
 
         def scan(block: bytes | memoryview) -> list[int]:
@@ -248,7 +259,7 @@ class _Anchors:
         block = bytes(data)
         low = block.lower()
         hits: list[int] = []
-        for hay, needles in ((low, _REDACT_ANCHORS), (block, self._known)):
+        for hay, needles in ((low, _pattern_anchors()), (block, self._known)):
             for needle in needles:
                 pos = hay.find(needle)
                 while pos >= 0:
@@ -262,13 +273,21 @@ class LogRedactor:
 
     The Redactor's full pattern set costs about half a microsecond per byte; a block of log
     lines is first searched (at C speed) for the literals every pattern needs and for the
-    secret values already known from the environment and argv, and only the lines around a
-    hit go through the Redactor. Same result, orders of magnitude faster on ordinary logs.
+    secret values already known (from the environment, argv, headers and earlier log lines,
+    with their JSON-escaped and URL-quoted spellings), and only the lines around a hit go
+    through the Redactor. Same result, orders of magnitude faster on ordinary logs.
     """
 
     def __init__(self, redactor: Any, known: Sequence[bytes] = ()) -> None:
         self._redactor = redactor
-        self._anchors = _Anchors(tuple(k for k in known if len(k) >= 6))
+        self._extra = tuple(known)
+        self._learned = -1
+        self._anchors = self._build()
+
+    def _build(self) -> _Anchors:
+        values = set(self._extra) | set(_redactor_known(self._redactor))
+        self._learned = _redactor_size(self._redactor)
+        return _Anchors(tuple(sorted(v for v in values if len(v) >= 6)))
 
     def __call__(self, data: bytes | memoryview) -> bytes | memoryview:
         hits = self._anchors(data)
@@ -287,7 +306,29 @@ class LogRedactor:
                 out.append(line)
             out.append(b"\n")
         out.pop()
+        if _redactor_size(self._redactor) != self._learned:
+            # The Redactor learned a new secret from a log line: look for it from now on.
+            self._anchors = self._build()
         return b"".join(out)
+
+
+def _redactor_known(redactor: Any) -> list[bytes]:
+    """Every secret value (and spelling) the Redactor searches log text for."""
+    public = getattr(redactor, "known_values", None)
+    if callable(public):
+        return [bytes(v) for v in public()]
+    refresh = getattr(redactor, "_known_regex", None)
+    if callable(refresh):
+        refresh()
+        return [bytes(v) for v in getattr(redactor, "_known", ())]
+    return []
+
+
+def _redactor_size(redactor: Any) -> int:
+    try:
+        return len(redactor.records())
+    except Exception:
+        return 0
 
 
 def known_secrets(env: Mapping[str, str], argv: Sequence[str]) -> list[bytes]:

@@ -85,3 +85,27 @@ def test_a_failing_log_records_the_loss_and_keeps_going() -> None:
     assert loss.member == "logs/combined.log" and loss.bytes == 6 and loss.lines == 3
     assert "ENOSPC" in loss.reason
     assert len(messages) == 1 and "still passing it through" in messages[0]
+
+
+def test_log_redactor_matches_the_full_redactor_and_learns_from_log_lines() -> None:
+    from kk3evidence.capture import LogRedactor, known_secrets
+    from kk3evidence.redact import Redactor
+
+    env = {"HF_TOKEN": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", "HOME": "/root"}
+    full, fast = Redactor(), Redactor()
+    full.env(env)
+    fast.env(env)
+    lines = [
+        b"INFO loading weights\n",
+        b"token hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789 in the log\n",
+        b"url-quoted too: hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789%0A\n",
+        b"db password=s3cretValue99 set\n",
+        b"again the bare value s3cretValue99 later\n",
+        b"Authorization: Bearer abcdefghijklmnop\n",
+        b"plain line\n",
+    ]
+    redact = LogRedactor(fast, known_secrets(env, []))
+    got = b"".join(bytes(redact(line)) for line in lines)
+    want = b"".join(full.text(line) for line in lines)
+    assert got == want
+    assert b"s3cretValue99" not in got and b"hf_AbCd" not in got
