@@ -49,6 +49,8 @@ _AFTERMATH: dict[str, frozenset[str]] = {
     "nccl": frozenset({"cuda_init", "driver_mismatch", "illegal_memory"}),
 }
 _SERIOUS = frozenset({"fatal", "error"})
+# Categories whose failures can strike in any stage (their rule's stage is only the usual one).
+_ANY_STAGE = frozenset({"oom", "illegal_memory", "other"})
 
 
 @dataclass(slots=True)
@@ -239,9 +241,11 @@ def _failure_stage(
 
     * After the server answered (health 200, requests served) whatever fails is ``serving``.
     * A fallback exception takes the stage in progress.
-    * A failure whose rule names a later stage than the one in progress, while that one (with
-      completion milestones: weights, engine, API) has started and not completed, belongs to
-      the stage in progress (an OOM while weights load is a weights_access failure).
+    * A failure of a stage-agnostic category (OOM, illegal memory access, other) whose rule
+      names a later stage than the one in progress, while that one (with completion
+      milestones: weights, engine, API) has started and not completed, belongs to the stage in
+      progress (an OOM while weights load is a weights_access failure; a KV-cache or config
+      error keeps its rule's stage).
     """
     no = h.line.line_no
     r = h.rule
@@ -255,7 +259,7 @@ def _failure_stage(
     cur = max(seen, key=lambda s: _T[s])
     ev = evidence[cur]
     unfinished = ev.completed_at is None or ev.completed_at > no
-    if cur in completable and unfinished and _T[cur] < _T[r.stage]:
+    if r.category in _ANY_STAGE and cur in completable and unfinished and _T[cur] < _T[r.stage]:
         return cur
     return None
 

@@ -231,9 +231,7 @@ def _schema() -> dict[str, Any]:
     return data
 
 
-def iter_rule_problems(
-    doc: dict[str, Any], source: str, *, strict: bool = True
-) -> Iterator[str]:
+def iter_rule_problems(doc: dict[str, Any], source: str, *, strict: bool = True) -> Iterator[str]:
     """Yield one located message per problem in a parsed rule file.
 
     ``strict`` (the default; tests, ``--check``, user rule files) validates against
@@ -246,9 +244,7 @@ def iter_rule_problems(
 
         validator = jsonschema.Draft202012Validator(_schema())
         for err in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
-            path = "".join(
-                f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path
-            )
+            path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
             yield f"{source}: ${path}: {err.message}"
     elif not isinstance(doc.get("rule"), list):
         yield f"{source}: no [[rule]] tables"

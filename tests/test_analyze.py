@@ -34,8 +34,14 @@ FAIL_LOG = (
 )
 
 SPEC_KEYS = [
-    "schema", "source", "lines_total", "last_stage_reached", "stages", "first_failure",
-    "consequences", "findings",
+    "schema",
+    "source",
+    "lines_total",
+    "last_stage_reached",
+    "stages",
+    "first_failure",
+    "consequences",
+    "findings",
 ]
 
 
@@ -56,7 +62,12 @@ def _check_spec_shape(doc: dict) -> None:  # type: ignore[type-arg]
         assert set(s) == {"stage", "status", "first_line", "last_line"}
     if doc["first_failure"] is not None:
         assert set(doc["first_failure"]) == {
-            "stage", "category", "rule", "line_no", "text", "process"
+            "stage",
+            "category",
+            "rule",
+            "line_no",
+            "text",
+            "process",
         }
     for c in doc["consequences"]:
         assert {"line_no", "rule", "text"} <= set(c)
@@ -152,13 +163,23 @@ def test_random_binary_never_crashes(data: bytes) -> None:
 
 
 _PIECES = [
-    "Traceback (most recent call last):\n", '  File "/x.py", line 1, in f\n', "    code()\n",
-    "ValueError: boom\n", "\n", "The above exception was the direct cause of the following "
-    "exception:\n", "(Worker pid=1) ERROR 05-10 12:00:00 [m.py:1] ", "[rank0]: ",
-    "Loading weights took 1.0 seconds\n", "INFO:     Application startup complete.\n",
+    "Traceback (most recent call last):\n",
+    '  File "/x.py", line 1, in f\n',
+    "    code()\n",
+    "ValueError: boom\n",
+    "\n",
+    "The above exception was the direct cause of the following exception:\n",
+    "(Worker pid=1) ERROR 05-10 12:00:00 [m.py:1] ",
+    "[rank0]: ",
+    "Loading weights took 1.0 seconds\n",
+    "INFO:     Application startup complete.\n",
     "RuntimeError: Engine core initialization failed. See root cause above.\n",
-    "\r", "\x00", "\x1b[31m", "NCCL error: unhandled system error\n",
-    "[shutdown] API server: shutdown triggered\n", "EngineDeadError\n",
+    "\r",
+    "\x00",
+    "\x1b[31m",
+    "NCCL error: unhandled system error\n",
+    "[shutdown] API server: shutdown triggered\n",
+    "EngineDeadError\n",
 ]
 
 

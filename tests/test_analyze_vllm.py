@@ -67,8 +67,20 @@ def free_port() -> int:
 
 def serve(vllm: Path, port: int, *extra: str) -> list[str]:
     return [
-        str(vllm), "serve", str(MODEL), "--served-model-name", "tiny", "--host", "127.0.0.1",
-        "--port", str(port), "--max-model-len", "512", "--dtype", "float32", *extra,
+        str(vllm),
+        "serve",
+        str(MODEL),
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "512",
+        "--dtype",
+        "float32",
+        *extra,
     ]
 
 
@@ -114,8 +126,12 @@ def test_clean_start_request_and_sigint_is_not_a_failure(vllm: Path, tmp_path: P
                 time.sleep(0.5)  # polling a real server's readiness, not synchronising threads
             r = httpx.post(
                 f"{base}/v1/chat/completions",
-                json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                      "max_tokens": 8, "temperature": 0},
+                json={
+                    "model": "tiny",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 8,
+                    "temperature": 0,
+                },
                 timeout=120,
             )
             assert r.status_code == 200, r.text

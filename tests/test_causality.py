@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kk3evidence.analysis import analyze
 from kk3evidence.rules import RuleSet, load_rule_files
 
-RULES = r'''
+RULES = r"""
 schema = "kk3evidence/rules/v1"
 
 [[rule]]
@@ -186,7 +186,7 @@ scope = "exception"
 fallback = true
 pattern = "^{pyexc}"
 match = ["OSError: boom"]
-'''
+"""
 
 
 @pytest.fixture(scope="module")

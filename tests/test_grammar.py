@@ -31,8 +31,10 @@ BLOCK_CASES = {
     "hex": (["0x7f685b234b68", "deadbeef00"], ["0x", "xyz"]),
     "version": (["2.21.5", "0.32.0+cpu", "12.4", "v0.6.3", "580.65.06"], ["12", "v"]),
     "quoted": (["'abc'", '"a b"', "`x`"], ["abc", "'open"]),
-    "pyexc": (["ValueError", "torch.OutOfMemoryError", "pkg.mod.MyException", "KeyboardInterrupt"],
-              ["StopIteration", "value error"]),
+    "pyexc": (
+        ["ValueError", "torch.OutOfMemoryError", "pkg.mod.MyException", "KeyboardInterrupt"],
+        ["StopIteration", "value error"],
+    ),
 }
 
 
@@ -98,9 +100,14 @@ def test_bad_patterns_raise_rule_error_with_one_line(bad: str) -> None:
 ENVELOPES = [
     (
         "(APIServer pid=15538) INFO 11-30 01:47:53 [api_utils.py:286] non-default args: {}",
-        {"process": "APIServer pid=15538", "pid": 15538, "level": "INFO",
-         "timestamp": "11-30 01:47:53", "source_file": "api_utils.py:286",
-         "body": "non-default args: {}"},
+        {
+            "process": "APIServer pid=15538",
+            "pid": 15538,
+            "level": "INFO",
+            "timestamp": "11-30 01:47:53",
+            "source_file": "api_utils.py:286",
+            "body": "non-default args: {}",
+        },
     ),
     (
         "(EngineCore_DP0 pid=1) ERROR 05-10 12:00:00 [core.py:1] boom",
@@ -123,13 +130,17 @@ ENVELOPES = [
         {"level": "INFO", "source_file": "llm_engine.py:176", "body": "Initializing an LLM engine"},
     ),
     (
-        "(Worker pid=1) ERROR 11-30 01:51:06 [multiproc_executor.py:953]   File \"/x.py\", line 9",
-        {"body": "  File \"/x.py\", line 9"},
+        '(Worker pid=1) ERROR 11-30 01:51:06 [multiproc_executor.py:953]   File "/x.py", line 9',
+        {"body": '  File "/x.py", line 9'},
     ),
     (
         "node1:412:530 [0] NCCL WARN Call to connect returned Connection refused",
-        {"process": "node1:412", "pid": 412, "level": "WARNING",
-         "body": "NCCL WARN Call to connect returned Connection refused"},
+        {
+            "process": "node1:412",
+            "pid": 412,
+            "level": "WARNING",
+            "body": "NCCL WARN Call to connect returned Connection refused",
+        },
     ),
     (
         "[rank1]: RuntimeError: NCCL error",
@@ -137,8 +148,12 @@ ENVELOPES = [
     ),
     (
         "[rank0]:[W1130 01:47:52.123456 ProcessGroupNCCL.cpp:1168] Warning: WorkNCCL timed out",
-        {"process": "rank0", "level": "WARNING", "source_file": "ProcessGroupNCCL.cpp:1168",
-         "body": "Warning: WorkNCCL timed out"},
+        {
+            "process": "rank0",
+            "level": "WARNING",
+            "source_file": "ProcessGroupNCCL.cpp:1168",
+            "body": "Warning: WorkNCCL timed out",
+        },
     ),
     (
         "[E ProcessGroupNCCL.cpp:475] [Rank 1] Watchdog caught collective operation timeout",
@@ -169,18 +184,29 @@ ENVELOPES = [
     ),
     (
         "[2026-11-30 02:37:07] vm:1635:1635 [1] graph/tuning.cc:104 NCCL WARN Unrecognized token",
-        {"timestamp": "2026-11-30 02:37:07", "process": "vm:1635", "level": "WARNING",
-         "body": "NCCL WARN Unrecognized token"},
+        {
+            "timestamp": "2026-11-30 02:37:07",
+            "process": "vm:1635",
+            "level": "WARNING",
+            "body": "NCCL WARN Unrecognized token",
+        },
     ),
     (
         " [36m(RayWorkerVllm pid=5085) [0m [E ProcessGroupNCCL.cpp:475] [Rank 4] Watchdog caught",
-        {"process": "RayWorkerVllm pid=5085", "level": "ERROR", "rank": 4,
-         "body": "Watchdog caught"},
+        {
+            "process": "RayWorkerVllm pid=5085",
+            "level": "ERROR",
+            "rank": 4,
+            "body": "Watchdog caught",
+        },
     ),
     (
-        "[2024-04-17 20:07:13,727] [ERROR] [MainThread] [asyncio] >>>   File \"/x.py\", line 1",
-        {"timestamp": "2024-04-17 20:07:13,727", "level": "ERROR",
-         "body": '  File "/x.py", line 1'},
+        '[2024-04-17 20:07:13,727] [ERROR] [MainThread] [asyncio] >>>   File "/x.py", line 1',
+        {
+            "timestamp": "2024-04-17 20:07:13,727",
+            "level": "ERROR",
+            "body": '  File "/x.py", line 1',
+        },
     ),
     (
         "(EngineCore_DP0 pid=6880) ValueError: boom",
