@@ -401,7 +401,7 @@ def _diff_command(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored
         if c.a_default or c.b_default:
             default = c.a if c.a_default else c.b
             detail = ("unset side uses vLLM's default"
-                      + (f" {vllm_args._fmt(default)}" if default is not None
+                      + (f" {vllm_args.format_value(default)}" if default is not None
                          else " (decided at start-up)")
                       + (f"; {c.note}" if c.note else ""))
         out.append(Change(f"argv:--{c.name}", "command", va, vb, f"--{c.name}", detail=detail))
@@ -409,7 +409,7 @@ def _diff_command(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored
         if name not in changed:
             side = "A" if name in ca.flags else "B"
             value = (ca.flags if side == "A" else cb.flags)[name]
-            eq.append(f"--{name} {vllm_args._fmt(value)} given in {side} only: that is vLLM's "
+            eq.append(f"--{name} {vllm_args.format_value(value)} given in {side} only: that is vLLM's "
                       "default, so both runs use the same value")
     real = [c for c in changes if c.name not in _NOISE_FLAGS]
     if not real and _spelling(a.argv) != _spelling(b.argv):

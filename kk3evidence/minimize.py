@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -245,6 +244,8 @@ def installed_arg_table(argv: Sequence[str], python: str | None = None) -> ArgTa
             "cannot find the Python of the installed vLLM; pass --vllm-python PATH "
             "(the interpreter of the environment where vLLM is installed)"
         )
+    import subprocess  # only this live extraction runs a process; the rest of the module is pure
+
     script = Path(__file__).with_name("_vllm_extract.py")
     try:
         done = subprocess.run(
