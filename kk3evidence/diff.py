@@ -409,7 +409,8 @@ def _diff_command(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored
         if name not in changed:
             side = "A" if name in ca.flags else "B"
             value = (ca.flags if side == "A" else cb.flags)[name]
-            eq.append(f"--{name} {vllm_args.format_value(value)} given in {side} only: that is vLLM's "
+            shown = vllm_args.format_value(value)
+            eq.append(f"--{name} {shown} given in {side} only: that is vLLM's "
                       "default, so both runs use the same value")
     real = [c for c in changes if c.name not in _NOISE_FLAGS]
     if not real and _spelling(a.argv) != _spelling(b.argv):
