@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .._version import __version__
+from kk3evidence._version import __version__
 
 # name -> module (relative to this package). Order is the order shown in --help.
 _COMMANDS: dict[str, str] = {

@@ -11,7 +11,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from ..errors import EXIT_INVALID, Kk3Error
+from kk3evidence.errors import EXIT_INVALID, Kk3Error
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,7 +43,7 @@ def handle_errors(func: F) -> F:
             # Output closed early (e.g. piped into head): not an error of ours.
             sys.stderr.close()
             sys.exit(0)
-        except Exception as exc:  # noqa: BLE001 - the last line of defence
+        except Exception as exc:  # the last line of defence
             if os.environ.get("KK3_DEBUG") == "1":
                 raise
             die(
