@@ -355,8 +355,11 @@ def _load_docs(docs: Iterable[tuple[str, str]], *, strict: bool = True) -> RuleS
     return _build(rules)
 
 
-def load_rule_files(paths: Sequence[str | Path], *, strict: bool = True) -> RuleSet:
-    """Load rule files (or every rule file ``*.toml`` in given folders), validated strictly."""
+def load_rule_files(
+    paths: Sequence[str | Path], *, strict: bool = True, with_shipped: bool = False
+) -> RuleSet:
+    """Load rule files (or every rule file ``*.toml`` in given folders), validated strictly.
+    ``with_shipped`` adds them to the shipped rules (ids must stay unique)."""
     docs: list[tuple[str, str]] = []
     for p in paths:
         path = Path(p)
@@ -369,6 +372,10 @@ def load_rule_files(paths: Sequence[str | Path], *, strict: bool = True) -> Rule
             if path.is_dir() and not _is_rule_doc(text):
                 continue
             docs.append((f.name if path.is_dir() else str(f), text))
+    if with_shipped:
+        shipped = load_rules()
+        extra = _load_docs(docs, strict=strict)
+        return _build([*shipped.rules, *extra.rules])
     return _load_docs(docs, strict=strict)
 
 

@@ -350,3 +350,50 @@ def test_kept_finding_text_is_bounded_for_huge_lines() -> None:
     a = analyze(big * 3)
     assert a.first_failure is not None
     assert len(a.first_failure.text) < 9000 and "more characters]" in a.first_failure.text
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(min_value=1, max_value=5000), min_size=1, max_size=30))
+def test_random_chunking_of_real_logs_never_changes_the_analysis(sizes: list[int]) -> None:
+    data = _MIXED
+    ref = _MIXED_REF
+    eng = AnalysisEngine("<bytes>")
+    pos = 0
+    i = 0
+    while pos < len(data):
+        step = sizes[i % len(sizes)]
+        eng.feed(data[pos : pos + step])
+        pos += step
+        i += 1
+    assert eng.finish().to_json() == ref
+
+
+def _mixed_or_empty() -> bytes:
+    corpus = Path(__file__).resolve().parent.parent / "corpus"
+    logs = sorted(corpus.glob("*/output.log"))[::7]
+    return b"".join(p.read_bytes().rstrip(b"\n") + b"\n" for p in logs)
+
+
+_MIXED = _mixed_or_empty()
+_MIXED_REF = analyze(_MIXED, label="<bytes>").to_json()
+
+
+def test_cli_extra_rules_are_added_to_the_shipped_ones(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_bytes(b"INFO:     Application startup complete.\nWARNING frobnicator jammed at 3\n")
+    rules = tmp_path / "mine.toml"
+    rules.write_text(
+        'schema = "kk3evidence/rules/v1"\n[[rule]]\nid = "MINE001"\nname = "frobnicator-jammed"\n'
+        'kind = "failure"\nstage = "serving"\ncategory = "other"\nseverity = "error"\n'
+        'summary = "The frobnicator jammed."\nanchors = ["frobnicator jammed"]\n'
+        'pattern = "frobnicator jammed at {int:slot}"\nmatch = ["frobnicator jammed at 3"]\n',
+        encoding="utf-8",
+    )
+    r = CliRunner().invoke(main, ["analyze", str(log), "--json", "--rules", str(rules)])
+    assert r.exit_code == 3, r.output
+    doc = json.loads(r.output)
+    assert doc["first_failure"]["rule"] == "MINE001"
+    entry = next(f for f in doc["findings"] if f["rule"] == "MINE001")
+    assert entry["captures"] == {"slot": "3"}
+    r = CliRunner().invoke(main, ["analyze", str(log), "--rules", str(tmp_path / "nope.toml")])
+    assert r.exit_code == 4 and "nope.toml" in r.output

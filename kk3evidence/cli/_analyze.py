@@ -10,6 +10,7 @@ import click
 from kk3evidence.analysis import analyze
 from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, UsageError
 from kk3evidence.model import Analysis, Finding
+from kk3evidence.rules import load_rule_files
 
 from ._common import echo_json, handle_errors
 
@@ -158,20 +159,31 @@ def render_markdown(a: Analysis) -> str:
     show_default=True,
     help="Lines of log shown before and after the first failure.",
 )
+@click.option(
+    "--rules",
+    "rule_paths",
+    multiple=True,
+    metavar="PATH",
+    help="Extra rule file or folder of rule files (rules/*.toml format), added to the shipped "
+    "rules; repeatable. For trying a new rule on a real log.",
+)
 @handle_errors
-def command(source: str, as_json: bool, as_md: bool, context: int) -> None:
+def command(
+    source: str, as_json: bool, as_md: bool, context: int, rule_paths: tuple[str, ...]
+) -> None:
     """Find the stages a vLLM start-up passed, its first causal failure and the lines that
     only report it (consequences).
 
-    SOURCE is a bundle (.tar, .tar.gz, .tgz), a plain log file, or '-' for stdin. The log is
-    streamed: memory stays flat however large it is.
+    SOURCE is a bundle (.tar, .tar.gz, .tgz), a plain log file (gzip-compressed too), or '-'
+    for stdin. The log is streamed: memory stays flat however large it is.
 
     Exit 0 when no failure is found, 3 when one is, 2 on usage errors, 4 when the input cannot
     be read.
     """
     if as_json and as_md:
         raise UsageError("--json and --markdown are exclusive; pick one output form")
-    result = analyze(source, context=context)
+    ruleset = load_rule_files(list(rule_paths), with_shipped=True) if rule_paths else None
+    result = analyze(source, context=context, ruleset=ruleset)
     if as_json:
         echo_json(spec_json(result))
     elif as_md:
