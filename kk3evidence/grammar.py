@@ -357,6 +357,9 @@ _UVICORN_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _PYLOG_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<name>[\w.]+):")
 
 
+_LEVEL_INITIALS = frozenset("DIWEC")
+
+
 def decode_line(raw: bytes | str) -> str:
     """The visible text of one raw line: decoded (invalid UTF-8 replaced), newline/CR stripped,
     the last non-empty ``\\r`` segment (tqdm redraws), no ANSI escapes, no NULs."""
@@ -394,23 +397,25 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
     timestamp: str | None = None
     pid: int | None = None
     # Collector wrappers, possibly nested (compose around ISO timestamps, etc.)
+    # (Cheap first-character guards skip regexes that cannot match: most lines are plain.)
     for _ in range(3):
-        m = _COMPOSE_RE.match(rest)
+        head = rest[:1]
+        m = _COMPOSE_RE.match(rest) if "|" in rest[:64] else None
         if m:
             wrapper = m.group("svc") or "|"
             rest = rest[m.end() :]
             continue
-        m = _K8S_ISO_RE.match(rest)
+        m = _K8S_ISO_RE.match(rest) if head.isdigit() else None
         if m:
             timestamp = m.group(0).split()[0]
             rest = rest[m.end() :]
             continue
-        m = _BRACKET_TS_RE.match(rest)
+        m = _BRACKET_TS_RE.match(rest) if head == "[" and rest[1:2].isdigit() else None
         if m:
             timestamp = m.group("ts")
             rest = rest[m.end() :]
             continue
-        m = _SYSLOG_RE.match(rest)
+        m = _SYSLOG_RE.match(rest) if head.isupper() else None
         if m and (m.group("pid") or m.group("unit")):
             wrapper = m.group("unit")
             timestamp = m.group("ts")
@@ -424,13 +429,13 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
     level: str | None = None
     source: str | None = None
 
-    m = _TORCHRUN_RE.match(rest)
+    m = _TORCHRUN_RE.match(rest) if rest[:1] == "[" else None
     if m:
         rank = int(m.group("rank"))
         process = f"rank{rank}"
         rest = rest[m.end() :]
 
-    m = _VLLM_PROC_RE.match(rest)
+    m = _VLLM_PROC_RE.match(rest) if rest[:1] == "(" else None
     if m:
         name = " ".join(m.group("name").split())
         pid = int(m.group("pid"))
@@ -443,7 +448,8 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
                 rank = int(rm.group(1) or rm.group(2))
         rest = rest[m.end() :]
 
-    m = _VLLM_LEVEL_RE.match(rest)
+    lead = rest.lstrip()[:1]
+    m = _VLLM_LEVEL_RE.match(rest) if lead in _LEVEL_INITIALS else None
     if m:
         level = normalize_level(m.group("level"))
         timestamp = m.group("ts")
@@ -454,7 +460,7 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
             rank = int(rm.group("rank"))
             rest = rest[rm.end() :]
     else:
-        m = _TORCH_CPP_RE.match(rest)
+        m = _TORCH_CPP_RE.match(rest) if lead == "[" else None
         if m:
             level = normalize_level(m.group("level"))
             if m.group("date"):
@@ -466,7 +472,7 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
                 rank = int(rm.group("rank"))
                 rest = rest[rm.end() :]
         else:
-            m = _NCCL_RE.match(rest)
+            m = _NCCL_RE.match(rest) if "NCCL" in rest[:200] else None
             if m:
                 level = normalize_level(m.group("level"))
                 pid = int(m.group("pid"))
@@ -474,11 +480,15 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
                     process = f"{m.group('host')}:{pid}"
                 rest = rest[m.end() :]
             else:
-                m = _UVICORN_RE.match(rest) or _BRACKET_LEVEL_RE.match(rest)
+                m = None
+                if lead in _LEVEL_INITIALS:
+                    m = _UVICORN_RE.match(rest)
+                elif lead == "[":
+                    m = _BRACKET_LEVEL_RE.match(rest)
                 if m:
                     level = normalize_level(m.group("level"))
                     rest = rest[m.end() :]
-                else:
+                elif lead in _LEVEL_INITIALS:
                     m = _PYLOG_RE.match(rest)
                     if m:
                         level = normalize_level(m.group("level"))
