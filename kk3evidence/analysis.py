@@ -416,7 +416,8 @@ class AnalysisEngine:
         if rule.kind == "noise":
             return
         if rule.kind == "milestone":
-            if rule.stage:
+            # A requested stop is not evidence that its stage (serving) was reached.
+            if rule.stage and rule.marks != "shutdown":
                 self._stage_seen(rule.stage, line_no)
                 if rule.marks in ("complete", "ready"):
                     self._stage_completed(rule.stage, line_no)
