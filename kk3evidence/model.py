@@ -111,7 +111,19 @@ class Analysis:
         return self.first_failure is not None
 
     def to_json(self) -> dict[str, Any]:
+        """The SPEC §4 object, with exactly its top-level keys.
+
+        What the engine adds beyond the contract (pattern captures, context lines, the rule's
+        name/summary/why/next steps, notes) rides on the first failure's entry in ``findings``,
+        where extra keys are allowed.
+        """
         ff = self.first_failure
+        findings = [f.to_json() for f in self.findings]
+        if ff is not None:
+            for entry in findings:
+                if entry["line_no"] == ff.line_no:
+                    _attach_extras(entry, self.extra)
+                    break
         return {
             "schema": ANALYSIS_SCHEMA,
             "source": self.source,
@@ -131,9 +143,23 @@ class Analysis:
             "consequences": [
                 {"line_no": c.line_no, "rule": c.rule, "text": c.text} for c in self.consequences
             ],
-            "findings": [f.to_json() for f in self.findings],
-            **({"extra": self.extra} if self.extra else {}),
+            "findings": findings,
         }
+
+
+def _attach_extras(entry: dict[str, Any], extra: dict[str, Any]) -> None:
+    entry["first_failure"] = True
+    info = extra.get("first_failure_rule") or {}
+    for key in ("name", "summary", "why", "next_steps"):
+        if key in info:
+            entry["rule_name" if key == "name" else key] = info[key]
+    for src, dst in (
+        ("first_failure_captures", "captures"),
+        ("first_failure_context", "context"),
+        ("notes", "notes"),
+    ):
+        if src in extra:
+            entry[dst] = extra[src]
 
 
 @dataclass(frozen=True, slots=True)

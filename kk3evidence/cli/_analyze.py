@@ -35,29 +35,8 @@ def _context_lines(a: Analysis, ff: Finding) -> list[tuple[int, str, bool]]:
 
 
 def spec_json(a: Analysis) -> dict[str, Any]:
-    """SPEC §4 JSON with exactly its top-level keys: what the engine adds (pattern captures,
-    context lines, the rule's what/why/next steps, notes) rides on the first failure's entry in
-    ``findings``, where extra keys are allowed."""
-    doc = a.to_json()
-    extra = doc.pop("extra", None) or {}
-    ff = a.first_failure
-    if ff is None:
-        return doc
-    for f in doc["findings"]:
-        if f["line_no"] == ff.line_no:
-            info = extra.get("first_failure_rule") or {}
-            f["first_failure"] = True
-            for key in ("name", "summary", "why", "next_steps"):
-                if key in info:
-                    f[f"rule_{key}" if key == "name" else key] = info[key]
-            if "first_failure_captures" in extra:
-                f["captures"] = extra["first_failure_captures"]
-            if "first_failure_context" in extra:
-                f["context"] = extra["first_failure_context"]
-            if "notes" in extra:
-                f["notes"] = extra["notes"]
-            break
-    return doc
+    """SPEC §4 JSON (engine extras ride on the first failure's ``findings`` entry)."""
+    return a.to_json()
 
 
 def render_text(a: Analysis) -> str:
