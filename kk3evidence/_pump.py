@@ -36,6 +36,8 @@ from typing import BinaryIO, Protocol
 
 #: a partial line longer than this (no newline yet) is written as it is
 MAX_PARTIAL = 64 * 1024
+#: suffix of the files holding unfinished last lines for ``seal`` (``combined.log.partial-0``)
+PARTIAL_SUFFIX = ".partial-"
 #: bytes waiting for the log writer before new chunks are dropped from the log
 DEFAULT_QUEUE_BYTES = 32 * 1024 * 1024
 #: with more than this waiting, the writer only appends to the log and indexes later
@@ -134,6 +136,8 @@ class LineRecorder:
         self._cond = threading.Condition()
         self._closed = False
         self._partial: list[bytes] = [b"", b""]
+        # What the tail files beside the log hold (see _save_partials).
+        self._saved_partial: list[bytes] = [b"", b""]
         self._offset = 0
         self.lines_written = 0
         self.bytes_written = 0
@@ -215,12 +219,14 @@ class LineRecorder:
                 self._index_pending(budget=INDEX_STEP)
             # Each batch reaches the OS at once: a SIGKILLed shim loses nothing it wrote.
             self._flush()
+            self._save_partials()
         for stream in (0, 1):
             if self._partial[stream]:
                 self._emit(stream, self._partial[stream], time.time_ns(), time.monotonic_ns())
                 self._partial[stream] = b""
         self._index_pending()
         self._flush()
+        self._save_partials()
         if self._reader is not None:
             with contextlib.suppress(OSError):
                 os.close(self._reader)
@@ -235,6 +241,33 @@ class LineRecorder:
                 flush()
             except (OSError, ValueError) as exc:
                 self._lose(_describe(exc), 0, 0, member=member)
+
+    def _save_partials(self) -> None:
+        """Keep each stream's unfinished last line (redacted) in a tail file beside the log.
+
+        A line without its newline yet lives only in memory; if the shim is SIGKILLed then,
+        ``seal`` appends these tails (``<log>.partial-<stream>``) so nothing received is lost.
+        The files go away once the line is complete or the recorder closes normally.
+        """
+        if self._log_path is None:
+            return
+        for stream in (0, 1):
+            current = self._partial[stream]
+            if current == self._saved_partial[stream]:
+                continue
+            path = f"{self._log_path}{PARTIAL_SUFFIX}{stream}"
+            try:
+                if current:
+                    data = self._redact(current) if self._redact is not None else current
+                    with open(path + ".tmp", "wb") as fp:
+                        fp.write(data)
+                    os.replace(path + ".tmp", path)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                self._saved_partial[stream] = current
+            except OSError as exc:
+                self._lose(_describe(exc), 0, 0, member="logs/combined.log")
 
     def _take(self, stream: int, data: bytes | None, wall: int, mono: int) -> None:
         if data is None:  # EOF: the last partial line is a line of its own

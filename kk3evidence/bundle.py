@@ -1453,11 +1453,24 @@ def seal(
         raise BundleError(f"no such staging folder: {_show(str(staging))}")
     if not staging.is_dir():
         raise BundleError(f"{_show(str(staging))} is not a folder (seal takes a staging folder)")
+    _append_partial_tails(staging / LOG_MEMBER)
     writer = BundleWriter.resume(staging)
     lines = staging / LINES_MEMBER
     if lines.is_file() and not lines.is_symlink():
         _drop_partial_last_row(lines)
     return writer.finalize(out_path, remove_staging=remove_staging, _sealed=True)
+
+
+def _append_partial_tails(log: Path) -> None:
+    """Append the unfinished last lines a killed capture kept beside the log
+    (``combined.log.partial-<stream>``, already redacted), then remove those files."""
+    if not log.parent.is_dir():
+        return
+    for tail in sorted(log.parent.glob(log.name + ".partial-*")):
+        if tail.is_file() and not tail.is_symlink() and not tail.name.endswith(".tmp"):
+            with open(log, "ab") as out, open(tail, "rb") as src:
+                shutil.copyfileobj(src, out)
+        tail.unlink()
 
 
 def _drop_partial_last_row(path: Path) -> None:

@@ -251,6 +251,40 @@ def test_killed_capture_is_sealed_with_every_line_received(tmp_path: Path, spawn
     assert lines == [b"line %d\n" % i for i in range(2000)] + [b"ready\n"]
 
 
+def test_killed_capture_keeps_an_unfinished_last_line(tmp_path: Path, spawn: Spawn) -> None:
+    """A line still waiting for its newline when the shim is SIGKILLed is sealed too
+    (redacted, like every other line)."""
+    bundle = tmp_path / "run.tar"
+    staging = tmp_path / "staging"
+    secret = "hf_" + "Q" * 30
+    cmd = [
+        PY,
+        "-c",
+        "import sys, time\nprint('first', flush=True)\n"
+        f"sys.stdout.write('no newline yet {secret}'); sys.stdout.flush()\ntime.sleep(600)",
+    ]
+    proc = spawn(
+        capture_argv(bundle, cmd, ["--staging", str(staging), "--no-probe"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=base_env(HF_TOKEN=secret),
+    )
+    _read_until(proc, b"no newline yet")
+    tail = staging / "logs" / "combined.log.partial-0"
+    while not tail.exists():
+        os.sched_yield()
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    _kill_orphans(staging)
+    sealed = seal(staging, tmp_path / "sealed.tar")
+    assert validate(sealed) == []
+    with open_bundle(sealed) as b:
+        lines = list(b.iter_log_lines())
+    assert lines[0] == b"first\n"
+    assert lines[1].startswith(b"no newline yet <redacted:")
+    assert secret.encode() not in b"".join(lines)
+
+
 def _kill_orphans(staging: Path) -> None:
     launch = json.loads((staging / "launch.json").read_text())
     try:
