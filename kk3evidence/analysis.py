@@ -23,18 +23,19 @@ from pathlib import Path
 from typing import IO, Any
 
 from ._prefilter import Prefilter
-from .causality import StageEvidence, resolve
+from .causality import HintEvent, StageEvidence, resolve
 from .classify import Classified, Classifier
 from .errors import BundleError, InputError
 from .grammar import TB_HEADER, TracebackTracker, decode_line, parse_line
 from .model import Analysis
-from .rules import RuleSet, load_rules
+from .rules import RuleSet, StageHints, load_rules, load_stage_hints
 
 __all__ = ["AnalysisEngine", "analyze"]
 
 BLOCK_SIZE = 16 * 1024 * 1024
 MAX_LINE = 1024 * 1024  # longer lines are cut (the head is analysed, the rest skipped)
 MAX_HITS = 5000  # classified failure/consequence lines kept (memory stays flat)
+MAX_HINTS = 20000  # stage-hint lines kept (rules/stage-hints.toml)
 MAX_CONTEXTS = 200  # failure lines whose surrounding lines are kept for the report
 MAX_KEPT_TEXT = 8192  # characters of a finding's line kept (longer lines are data dumps)
 
@@ -53,6 +54,7 @@ class _Compiled:
     single: tuple[bool, ...]
     noise_only: tuple[bool, ...]  # anchors of noise rules only: never a reason to look at a line
     completable: frozenset[str]  # stages with completion milestones
+    hints: StageHints
 
 
 _CACHE: dict[int, _Compiled] = {}
@@ -66,7 +68,10 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
     anchors = list(ruleset.anchors)
     single = [all(r.simple for r in rules) for rules in ruleset.anchor_rules]
     noise_only = [all(r.kind == "noise" for r in rules) for rules in ruleset.anchor_rules]
-    for a in _STRUCTURAL_ANCHORS:
+    hints = load_stage_hints()
+    structural = list(_STRUCTURAL_ANCHORS)
+    structural += [n for n, _ in hints.line if n not in structural]
+    for a in structural:
         anchors.append(a)
         single.append(False)
         noise_only.append(False)
@@ -82,6 +87,7 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
             for r in ruleset.rules
             if r.kind == "milestone" and r.stage and r.marks in ("complete", "ready")
         ),
+        hints=hints,
     )
     _CACHE[key] = c
     return c
@@ -109,6 +115,7 @@ class AnalysisEngine:
         self._skipping_long = False
         self.lines = 0  # complete lines consumed
         self._hits: list[Classified] = []
+        self._hint_events: list[HintEvent] = []
         self._hits_dropped = 0
         self._evidence: dict[str, StageEvidence] = {}
         self._shutdown_line: int | None = None
@@ -179,6 +186,8 @@ class AnalysisEngine:
             ready_line=self._ready_line,
             completable=self._c.completable,
             chain_links=self._tracker.chain_links,
+            hints=self._hint_events,
+            policy=self._c.hints,
         )
         extra: dict[str, Any] = {}
         if res.first_captures:
@@ -401,8 +410,23 @@ class AnalysisEngine:
             anchor_ids = self._c.prefilter.line_anchor_ids(raw)
         line = parse_line(line_no, raw)
         line = self._tracker.feed(line)
-        if line.tb_role in ("frame", "header", "separator"):
+        hints = self._c.hints
+        if line.tb_role == "frame":
+            if hints.frame and len(self._hint_events) < MAX_HINTS:
+                st = hints.frame_stage(line.body)
+                if st is not None:
+                    self._hint_events.append(
+                        HintEvent(line_no, st, line.tb_chain, line.tb_index, True)
+                    )
             return
+        if line.tb_role in ("header", "separator"):
+            return
+        if hints.line and len(self._hint_events) < MAX_HINTS:
+            st = hints.line_stage(line.body)
+            if st is not None:
+                self._hint_events.append(
+                    HintEvent(line_no, st, line.tb_chain, line.tb_index, False)
+                )
         if not anchor_ids and line.tb_role not in ("exception", "detail"):
             return
         n_rule = self._c.n_rule_anchors

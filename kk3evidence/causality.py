@@ -21,14 +21,15 @@ Definitions used here (documented in docs/rules-format.md):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .classify import Classified
 from .model import STAGES, Finding, StageSpan, StageStatus
+from .rules import StageHints
 
-__all__ = ["TIME_ORDER", "Resolution", "StageEvidence", "resolve", "stage_in_progress"]
+__all__ = ["TIME_ORDER", "HintEvent", "Resolution", "StageEvidence", "resolve", "stage_in_progress"]
 
 TIME_ORDER: tuple[str, ...] = (
     "container_init",
@@ -51,6 +52,17 @@ _AFTERMATH: dict[str, frozenset[str]] = {
 _SERIOUS = frozenset({"fatal", "error"})
 # Categories whose failures can strike in any stage (their rule's stage is only the usual one).
 _ANY_STAGE = frozenset({"oom", "illegal_memory", "other"})
+
+
+@dataclass(frozen=True, slots=True)
+class HintEvent:
+    """A line that hints where a nearby failure happened (``rules/stage-hints.toml``)."""
+
+    line_no: int
+    stage: str
+    chain: int | None  # traceback chain of a frame (or of the line), if any
+    index: int  # position of its traceback in the chain
+    frame: bool  # a traceback frame (else a nearby line)
 
 
 @dataclass(slots=True)
@@ -109,6 +121,8 @@ def resolve(
     ready_line: int | None = None,
     chain_links: dict[int, list[str | None]] | None = None,
     completable: frozenset[str] = frozenset(),
+    hints: Sequence[HintEvent] = (),
+    policy: StageHints | None = None,
 ) -> Resolution:
     """Decide roots, consequences and the first failure from the classified lines.
 
@@ -134,8 +148,9 @@ def resolve(
     ready_at = ready_line
     if serving is not None and (ready_at is None or serving.first_line < ready_at):
         ready_at = serving.first_line
+    pol = policy if policy is not None else StageHints()
     for h in kept:
-        stage = _failure_stage(h, evidence, ready_at, completable)
+        stage = _failure_stage(h, evidence, ready_at, completable, hints, pol)
         if stage is not None:
             stage_of[h.line.line_no] = stage
 
@@ -236,6 +251,8 @@ def _failure_stage(
     evidence: dict[str, StageEvidence],
     ready_at: int | None,
     completable: frozenset[str],
+    hints: Sequence[HintEvent] = (),
+    policy: StageHints | None = None,
 ) -> str | None:
     """The stage a failure line belongs to when it is not simply its rule's stage.
 
@@ -251,6 +268,13 @@ def _failure_stage(
     r = h.rule
     if ready_at is not None and ready_at < no:
         return "serving"
+    pol = policy if policy is not None else StageHints()
+    if hints and r.id not in pol.fixed_rules and (
+        r.category in pol.context_categories or (r.fallback and r.scope == "exception")
+    ):
+        hinted = hinted_stage(h, hints, pol)
+        if hinted is not None:
+            return hinted
     if (r.fallback and r.scope == "exception") or not r.stage:
         return stage_in_progress(no, evidence, default=r.stage)
     seen = [s for s, ev in evidence.items() if ev.first_line < no]
@@ -262,6 +286,50 @@ def _failure_stage(
     if r.category in _ANY_STAGE and cur in completable and unfinished and _T[cur] < _T[r.stage]:
         return cur
     return None
+
+
+def hinted_stage(h: Classified, hints: Sequence[HintEvent], policy: StageHints) -> str | None:
+    """The stage the hints around a failure line point at (precedence in
+    ``rules/stage-hints.toml``): the innermost start-up frame of the failing traceback, else
+    the nearest start-up line hint, else ``serving`` when only serving hints are there."""
+    ln = h.line
+    no = ln.line_no
+    lo, hi = no - policy.window_before, no + policy.window_after
+    own: list[HintEvent] = []  # frames of the failing exception's own traceback chain
+    near: list[HintEvent] = []
+    for ev in _window(hints, lo, hi, ln.tb_chain):
+        if ln.tb_chain is not None and ev.frame and ev.chain == ln.tb_chain:
+            own.append(ev)
+        elif lo <= ev.line_no <= hi:
+            near.append(ev)
+    for group in (own, near):
+        start = [e for e in group if e.stage != "serving"]
+        if start:
+            if group is own:
+                # Innermost: the first traceback of the chain, its last hinted frame.
+                first_index = min(e.index for e in start)
+                return [e for e in start if e.index == first_index][-1].stage
+            # Nearest line (the failing traceback's frames follow or precede the line).
+            return min(start, key=lambda e: (abs(e.line_no - no), e.line_no)).stage
+    if any(e.stage == "serving" for e in own) or any(e.stage == "serving" for e in near):
+        return "serving"
+    return None
+
+
+def _window(
+    hints: Sequence[HintEvent], lo: int, hi: int, chain: int | None
+) -> Iterator[HintEvent]:
+    """Hints in ``[lo, hi]``, plus (anywhere) the frames of ``chain``."""
+    import bisect
+
+    if chain is not None:
+        for ev in hints:
+            if ev.chain == chain and ev.frame and not lo <= ev.line_no <= hi:
+                yield ev
+    i = bisect.bisect_left(hints, lo, key=lambda e: e.line_no)
+    while i < len(hints) and hints[i].line_no <= hi:
+        yield hints[i]
+        i += 1
 
 
 def _pick_cause(cats: frozenset[str] | None, roots: list[Classified]) -> Classified | None:

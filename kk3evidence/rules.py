@@ -35,10 +35,12 @@ __all__ = [
     "KINDS",
     "Rule",
     "RuleSet",
+    "StageHints",
     "check_rules",
     "iter_rule_problems",
     "load_rule_files",
     "load_rules",
+    "load_stage_hints",
     "render_rules_doc",
 ]
 
@@ -413,6 +415,109 @@ def load_rules() -> RuleSet:
 def check_rules() -> RuleSet:
     """The shipped rules, validated strictly (schema, every pattern)."""
     return _load_docs(_shipped_docs(), strict=True)
+
+
+# --------------------------------------------------------------------------------------------
+# rules/stage-hints.toml
+# --------------------------------------------------------------------------------------------
+
+STAGE_HINTS_SCHEMA = "kk3evidence/stage-hints/v1"
+_HINT_KEYS = frozenset({"stage", "frame", "line"})
+_HINTS_TOP = frozenset(
+    {"schema", "context_categories", "fixed_rules", "window_before", "window_after", "hint"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StageHints:
+    """Where a context-dependent failure happened: see ``rules/stage-hints.toml``."""
+
+    context_categories: frozenset[str] = frozenset()
+    fixed_rules: frozenset[str] = frozenset()
+    window_before: int = 0
+    window_after: int = 0
+    frame: tuple[tuple[str, str], ...] = ()  # (substring of a frame line, stage)
+    line: tuple[tuple[str, str], ...] = ()  # (substring of a nearby line, stage)
+
+    def frame_stage(self, body: str) -> str | None:
+        """The stage hinted by a traceback frame line (the last matching hint wins)."""
+        got: str | None = None
+        for needle, stage in self.frame:
+            if needle in body:
+                got = stage
+        return got
+
+    def line_stage(self, body: str) -> str | None:
+        for needle, stage in self.line:
+            if needle in body:
+                return stage
+        return None
+
+
+def _str_list(v: Any, what: str, source: str) -> list[str]:
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise RuleError(f"{source}: {what} must be a list of non-empty strings")
+    return list(v)
+
+
+def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> StageHints:
+    """Validate and build :class:`StageHints` from the TOML text (one-line RuleError)."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise RuleError(f"{source}: not valid TOML ({err}); fix the file") from None
+    if doc.get("schema") != STAGE_HINTS_SCHEMA:
+        raise RuleError(f"{source}: schema must be {STAGE_HINTS_SCHEMA!r}")
+    unknown = sorted(set(doc) - _HINTS_TOP)
+    if unknown:
+        raise RuleError(f"{source}: unknown key {unknown[0]!r}")
+    cats = _str_list(doc.get("context_categories", []), "context_categories", source)
+    bad = [c for c in cats if c not in CATEGORIES]
+    if bad:
+        raise RuleError(f"{source}: unknown category {bad[0]!r} in context_categories")
+    fixed = _str_list(doc.get("fixed_rules", []), "fixed_rules", source)
+    windows: list[int] = []
+    for key in ("window_before", "window_after"):
+        v = doc.get(key, 0)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 500:
+            raise RuleError(f"{source}: {key} must be an integer from 0 to 500")
+        windows.append(v)
+    frame: list[tuple[str, str]] = []
+    line: list[tuple[str, str]] = []
+    hints = doc.get("hint", [])
+    if not isinstance(hints, list):
+        raise RuleError(f"{source}: hint must be an array of tables ([[hint]])")
+    for i, h in enumerate(hints):
+        where = f"hint #{i + 1}"
+        if not isinstance(h, dict):
+            raise RuleError(f"{source}: {where} must be a table")
+        extra = sorted(set(h) - _HINT_KEYS)
+        if extra:
+            raise RuleError(f"{source}: {where}: unknown key {extra[0]!r}")
+        stage = h.get("stage")
+        if stage not in STAGES:
+            raise RuleError(f"{source}: {where}: stage {stage!r} is not one of {list(STAGES)}")
+        frame += [(x, stage) for x in _str_list(h.get("frame", []), f"{where}: frame", source)]
+        line += [(x, stage) for x in _str_list(h.get("line", []), f"{where}: line", source)]
+    return StageHints(
+        context_categories=frozenset(cats),
+        fixed_rules=frozenset(fixed),
+        window_before=windows[0],
+        window_after=windows[1],
+        frame=tuple(frame),
+        line=tuple(line),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def load_stage_hints() -> StageHints:
+    """The shipped ``rules/stage-hints.toml`` (validated, cached)."""
+    node = _resources.data_dir("rules").joinpath("stage-hints.toml")
+    try:
+        text = node.read_text(encoding="utf-8")
+    except OSError:
+        return StageHints()
+    return parse_stage_hints(text)
 
 
 # --------------------------------------------------------------------------------------------
