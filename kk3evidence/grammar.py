@@ -320,7 +320,9 @@ _SYSLOG_RE = re.compile(
     r"(?P<unit>[A-Za-z0-9_.@/-]+)(?:\[(?P<pid>\d+)\])?:\s?"
 )
 # docker compose "svc-1  | ", Buildkite "  | " (no name)
-_COMPOSE_RE = re.compile(r"^(?:(?P<svc>[A-Za-z0-9][A-Za-z0-9_.-]*)\s+|\s*)\|\s?")
+_COMPOSE_RE = re.compile(r"^(?:(?P<svc>[A-Za-z0-9][A-Za-z0-9_.-]*)\s+|[>\"\s]*)\|\s?")
+# A pasted/quoted log: markdown block quotes ("> ", "> > ") in front of the real line.
+_QUOTE_RE = re.compile(r"^(?:>[ \t]?)+(?=\S)")
 _BRACKET_TS_RE = re.compile(
     r"^\[(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\]\s+"
 )
@@ -400,6 +402,10 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
     # (Cheap first-character guards skip regexes that cannot match: most lines are plain.)
     for _ in range(3):
         head = rest[:1]
+        m = _QUOTE_RE.match(rest) if head == ">" else None
+        if m:
+            rest = rest[m.end() :]
+            continue
         m = _COMPOSE_RE.match(rest) if "|" in rest[:64] else None
         if m:
             wrapper = m.group("svc") or "|"
