@@ -21,6 +21,7 @@ Definitions used here (documented in docs/rules-format.md):
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,7 +151,7 @@ def resolve(
         ready_at = serving.first_line
     pol = policy if policy is not None else StageHints()
     for h in kept:
-        stage = _failure_stage(h, evidence, ready_at, completable, hints, pol)
+        stage = _failure_stage(h, evidence, ready_at, completable, hints=hints, policy=pol)
         if stage is not None:
             stage_of[h.line.line_no] = stage
 
@@ -251,6 +252,7 @@ def _failure_stage(
     evidence: dict[str, StageEvidence],
     ready_at: int | None,
     completable: frozenset[str],
+    *,
     hints: Sequence[HintEvent] = (),
     policy: StageHints | None = None,
 ) -> str | None:
@@ -269,8 +271,10 @@ def _failure_stage(
     if ready_at is not None and ready_at < no:
         return "serving"
     pol = policy if policy is not None else StageHints()
-    if hints and r.id not in pol.fixed_rules and (
-        r.category in pol.context_categories or (r.fallback and r.scope == "exception")
+    if (
+        hints
+        and r.id not in pol.fixed_rules
+        and (r.category in pol.context_categories or (r.fallback and r.scope == "exception"))
     ):
         hinted = hinted_stage(h, hints, pol)
         if hinted is not None:
@@ -316,12 +320,8 @@ def hinted_stage(h: Classified, hints: Sequence[HintEvent], policy: StageHints) 
     return None
 
 
-def _window(
-    hints: Sequence[HintEvent], lo: int, hi: int, chain: int | None
-) -> Iterator[HintEvent]:
+def _window(hints: Sequence[HintEvent], lo: int, hi: int, chain: int | None) -> Iterator[HintEvent]:
     """Hints in ``[lo, hi]``, plus (anywhere) the frames of ``chain``."""
-    import bisect
-
     if chain is not None:
         for ev in hints:
             if ev.chain == chain and ev.frame and not lo <= ev.line_no <= hi:

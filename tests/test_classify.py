@@ -44,11 +44,13 @@ def test_plain_info_lines_and_garbage_are_unclassified() -> None:
     assert classify_line("") is None
 
 
-def test_exception_line_falls_back_only_as_a_traceback_exception() -> None:
+def test_unknown_exception_line_falls_back_to_the_traceback_or_bare_line_rule() -> None:
     text = "RuntimeError: a brand new failure that no rule describes yet"
-    assert classify_line(text) is None
+    bare = classify_line(text)
+    assert bare is not None and bare.rule == "EXC003" and bare.category == "other"
     f = classify_line(text, exception_line=True)
     assert f is not None and f.rule == "EXC001" and f.category == "other"
+    assert classify_line("WARNING 01-01 00:00:00 [x.py:1] " + text) is None
 
 
 def test_clean_shutdown_noise_needs_the_shutdown_context() -> None:
