@@ -206,6 +206,16 @@ def _analyze(bundle: Any, source: str) -> dict[str, Any] | None:
     return data
 
 
+def dig(obj: Any, dotted: str) -> Any:
+    """``obj["a"]["b"]`` for ``"a.b"``, or None as soon as a level is missing or not a mapping."""
+    cur = obj
+    for part in dotted.split("."):
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
 def coerce(item: Evidence | str | Path) -> Evidence:
     return item if isinstance(item, Evidence) else load(item)
 

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import polars as pl
 
 from . import _evidence
-from ._evidence import Evidence, other_gpu_processes
+from ._evidence import Evidence, dig, other_gpu_processes
 from .compat import check_evidence, load_compat_rules
 from .diff import request_signature, serve_command
 
@@ -61,13 +61,6 @@ _PINNED: tuple[tuple[str, str], ...] = (
 _ISOLATED_NOTE = re.compile(r"\b(environment|env)\s*[:=]\s*isolated\b|#isolated\b", re.I)
 
 
-def _get(obj: Any, dotted: str) -> Any:
-    cur = obj
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping):
-            return None
-        cur = cur.get(part)
-    return cur
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +128,7 @@ def _environment(ev: Evidence, isolated: set[str], isolated_hosts: set[str]) -> 
     src = ev.source
     if src in isolated or Path(src).name in isolated or str(Path(src).resolve()) in isolated:
         return "isolated"
-    if _get(ev.fingerprint, "host.hostname") in isolated_hosts:
+    if dig(ev.fingerprint, "host.hostname") in isolated_hosts:
         return "isolated"
     texts = [str(n) for n in ev.notes.get("notes") or []]
     cluster = ev.notes.get("cluster")
@@ -157,11 +150,11 @@ def _config(ev: Evidence) -> tuple[str, str | None]:
         command: Any = {"model": cmd.model, "flags": dict(sorted(flags.items()))}
     else:
         command = list(ev.argv)
-    env = _get(ev.fingerprint, "env") or {}
+    env = dig(ev.fingerprint, "env") or {}
     config: dict[str, Any] = {
         "command": command,
         "env": dict(sorted(env.items())) if isinstance(env, Mapping) else {},
-        "image_ref": _get(ev.fingerprint, "container.image_ref"),
+        "image_ref": dig(ev.fingerprint, "container.image_ref"),
     }
     base = _digest(config)
     sig = request_signature(ev)
@@ -218,18 +211,18 @@ def _row(ev: Evidence, env: Environment, config_id: str, boundaries: str) -> dic
     ff = ev.first_failure or {}
     sig = request_signature(ev)
     cmd = serve_command(ev.argv)
-    devices = _get(fp, "gpus.devices") or []
+    devices = dig(fp, "gpus.devices") or []
     names = sorted({str(d.get("name")) for d in devices if isinstance(d, Mapping)})
     req = next((r for r in ev.requests if r.get("kind") == "fixed"), None) or (
         ev.requests[0] if ev.requests else None)
     row: dict[str, Any] = {
         "run": ev.label,
         "environment": env,
-        "host": _get(fp, "host.hostname"),
+        "host": dig(fp, "host.hostname"),
         "config": config_id,
         "model": str(cmd.model) if cmd is not None and cmd.model else None,
         "flags": _flags_text(ev),
-        "gpus": len(devices) if _get(fp, "gpus.source") == "nvml" else None,
+        "gpus": len(devices) if dig(fp, "gpus.source") == "nvml" else None,
         "gpu_name": ", ".join(names) or None,
         "input_length": _int(sig.get("input_length")),
         "max_tokens": _int(sig.get("max_tokens")),
@@ -243,10 +236,10 @@ def _row(ev: Evidence, env: Environment, config_id: str, boundaries: str) -> dic
         "exit_code": _int(ev.launch.get("exit_code")),
         "request_status": _int(req.get("status")) if req else None,
         "signature": _signature(ev),
-        "image_ref": _get(fp, "container.image_ref"),
+        "image_ref": dig(fp, "container.image_ref"),
     }
     for name, path in _PINNED:
-        v = _get(fp, path)
+        v = dig(fp, path)
         row[name] = None if v is None else str(v)
     return {k: row.get(k) for k in _RUN_SCHEMA}
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import _evidence, _resources
-from ._evidence import Evidence
+from ._evidence import Evidence, dig
 from .diff import serve_command
 from .errors import EXIT_INCOMPATIBLE, EXIT_OK, RuleError, UsageError
 
@@ -215,13 +215,6 @@ def recipes() -> list[str]:
 # --- helpers over the evidence ---------------------------------------------------------------
 
 
-def _get(obj: Any, dotted: str) -> Any:
-    cur = obj
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping):
-            return None
-        cur = cur.get(part)
-    return cur
 
 
 def parse_version(text: Any) -> tuple[int, ...] | None:
@@ -256,7 +249,7 @@ def container_cuda(ev: Evidence) -> tuple[tuple[int, ...] | None, list[str]]:
     """
     evidence: list[str] = []
     found: tuple[int, ...] | None = None
-    torch_cuda = _get(ev.fingerprint, "python.torch_cuda")
+    torch_cuda = dig(ev.fingerprint, "python.torch_cuda")
     if torch_cuda:
         v = parse_version(torch_cuda)
         evidence.append(f"fingerprint python.torch_cuda: {torch_cuda}")
@@ -269,7 +262,7 @@ def container_cuda(ev: Evidence) -> tuple[tuple[int, ...] | None, list[str]]:
             v = parse_version(ver)
             if found is None and v:
                 found = v[:2]
-    ref = _get(ev.fingerprint, "container.image_ref")
+    ref = dig(ev.fingerprint, "container.image_ref")
     if isinstance(ref, str):
         m = _TAG_FLAVOUR.search(ref)
         if m:
@@ -308,16 +301,16 @@ def visible_gpus(ev: Evidence) -> tuple[int | None, list[str]]:
     """How many GPUs the served program can see, and the evidence."""
     fp = ev.fingerprint
     evidence: list[str] = []
-    count = _get(fp, "python.cuda_device_count")
+    count = dig(fp, "python.cuda_device_count")
     if isinstance(count, int):
         evidence.append(f"fingerprint python.cuda_device_count: {count}")
         return count, evidence
-    source = _get(fp, "gpus.source")
-    devices = _get(fp, "gpus.devices")
+    source = dig(fp, "gpus.source")
+    devices = dig(fp, "gpus.devices")
     if source == "nvml" and isinstance(devices, list):
         n = len(devices)
         evidence.append(f"fingerprint gpus.devices (NVML): {n}")
-        cvd = _get(fp, "env.CUDA_VISIBLE_DEVICES")
+        cvd = dig(fp, "env.CUDA_VISIBLE_DEVICES")
         if isinstance(cvd, str):
             evidence.append(f"fingerprint env.CUDA_VISIBLE_DEVICES: {cvd!r}")
             ids = [x for x in cvd.split(",") if x.strip()]
@@ -331,7 +324,7 @@ def visible_gpus(ev: Evidence) -> tuple[int | None, list[str]]:
 
 
 def _gpu_names(ev: Evidence) -> list[str]:
-    devices = _get(ev.fingerprint, "gpus.devices")
+    devices = dig(ev.fingerprint, "gpus.devices")
     if not isinstance(devices, list):
         return []
     return [str(d.get("name") or "") for d in devices if isinstance(d, Mapping)]
@@ -355,15 +348,15 @@ def _check_image_flavour(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
 
 
 def _driver(ev: Evidence) -> tuple[tuple[int, ...] | None, list[str]]:
-    drv = _get(ev.fingerprint, "gpus.driver_version")
+    drv = dig(ev.fingerprint, "gpus.driver_version")
     if not drv:
-        src = _get(ev.fingerprint, "gpus.source")
+        src = dig(ev.fingerprint, "gpus.source")
         return None, [f"fingerprint gpus.source: {src}"] if src else []
     return parse_version(drv), [f"fingerprint gpus.driver_version: {drv}"]
 
 
 def _driver_text(ev: Evidence) -> str:
-    return str(_get(ev.fingerprint, "gpus.driver_version"))
+    return str(dig(ev.fingerprint, "gpus.driver_version"))
 
 
 def _check_driver_branch(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
@@ -379,7 +372,7 @@ def _check_driver_branch(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
 def _check_version_at_least(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     field_ = str(p["field"])
     what = str(p.get("what") or field_)
-    raw = _get(ev.fingerprint, field_)
+    raw = dig(ev.fingerprint, field_)
     evidence = [f"fingerprint {field_}: {raw}"] if raw else []
     have, need = parse_version(raw), parse_version(p["min"])
     if have is None or need is None:
@@ -432,7 +425,7 @@ def _check_parallel_fits(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     evidence = [f"launch argv: tp={tp} pp={pp} local dp={dp_local} -> {world} ranks"]
     count, ev_gpus = visible_gpus(ev)
     evidence += ev_gpus
-    if count is None or (count == 0 and _get(ev.fingerprint, "gpus.source") != "nvml"):
+    if count is None or (count == 0 and dig(ev.fingerprint, "gpus.source") != "nvml"):
         return "unknown", "no GPU inventory in the fingerprint (CPU run or NVML absent)", evidence
     if world <= count:
         return "pass", f"{world} ranks fit on {count} visible GPUs", evidence
@@ -468,7 +461,7 @@ def _check_cuda_driver_floor(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
 
 def _check_runtime_le_driver(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     cuda, evidence = container_cuda(ev)
-    raw = _get(ev.fingerprint, "gpus.cuda_driver_version")
+    raw = dig(ev.fingerprint, "gpus.cuda_driver_version")
     drv_cuda = parse_version(raw)
     if raw is not None:
         evidence.append(f"fingerprint gpus.cuda_driver_version: {raw}")
@@ -508,7 +501,7 @@ def _check_flag_value(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
 
 def _check_env_at_least(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     name, need = str(p["name"]), int(p["min"])
-    env = _get(ev.fingerprint, "env")
+    env = dig(ev.fingerprint, "env")
     if not isinstance(env, Mapping):
         return "unknown", "no environment variables in the fingerprint", []
     raw = env.get(name)
@@ -526,13 +519,13 @@ def _check_env_at_least(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
 
 def _check_image_ref_is(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     want = str(p["ref"])
-    ref = _get(ev.fingerprint, "container.image_ref")
+    ref = dig(ev.fingerprint, "container.image_ref")
     if not ref:
-        runtime = _get(ev.fingerprint, "container.runtime")
+        runtime = dig(ev.fingerprint, "container.runtime")
         return ("unknown", "no image reference in the fingerprint",
                 [f"fingerprint container.runtime: {runtime}"] if runtime else [])
     evidence = [f"fingerprint container.image_ref: {ref}"]
-    image_id = _get(ev.fingerprint, "container.image_id")
+    image_id = dig(ev.fingerprint, "container.image_id")
     if image_id:
         evidence.append(f"fingerprint container.image_id: {image_id}")
     bare = str(ref).removeprefix("docker.io/")

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from . import _evidence
-from ._evidence import Evidence
+from ._evidence import Evidence, dig
 from .errors import EXIT_OK, EXIT_SEVERAL_CHANGED, InputError
 
 __all__ = ["Change", "DiffResult", "diff", "diff_evidence"]
@@ -145,13 +145,6 @@ def _show(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
-def _get(obj: Mapping[str, Any] | None, dotted: str) -> Any:
-    cur: Any = obj
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping):
-            return None
-        cur = cur.get(part)
-    return cur
 
 
 # --- fingerprint -------------------------------------------------------------------------
@@ -180,7 +173,7 @@ _FP_FIELDS: tuple[tuple[str, str, str | None], ...] = (
 
 
 def _gpu_identity(fp: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    devices = _get(fp, "gpus.devices")
+    devices = dig(fp, "gpus.devices")
     if not isinstance(devices, list):
         return None
     keep = ("name", "uuid", "pci_bus_id", "memory_total_bytes", "compute_capability", "mig_mode",
@@ -208,15 +201,15 @@ _ONE_SIDED = "recorded on one side only: cannot tell whether it changed"
 def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored]) -> None:
     fa, fb = a.fingerprint, b.fingerprint
     # The container runtime is always known: None means no container was detected.
-    rt_a, rt_b = _get(fa, "container.runtime"), _get(fb, "container.runtime")
+    rt_a, rt_b = dig(fa, "container.runtime"), dig(fb, "container.runtime")
     runtime_changed = rt_a != rt_b
     if runtime_changed:
         out.append(Change("fingerprint:container.runtime", "fingerprint", rt_a, rt_b,
                           "container runtime"))
     image_changed = runtime_changed
     image_label = "container runtime"
-    ref_a, ref_b = _get(fa, "container.image_ref"), _get(fb, "container.image_ref")
-    id_a, id_b = _get(fa, "container.image_id"), _get(fb, "container.image_id")
+    ref_a, ref_b = dig(fa, "container.image_ref"), dig(fb, "container.image_ref")
+    id_a, id_b = dig(fa, "container.image_id"), dig(fb, "container.image_id")
     # The image: compare by id when both sides know it (a tag can move); a renamed tag with the
     # same id is not a change.
     if id_a and id_b:
@@ -250,7 +243,7 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
             else:
                 ign.append(Ignored(what, va, vb, _ONE_SIDED))
 
-    driver_changed = _get(fa, "gpus.driver_version") != _get(fb, "gpus.driver_version")
+    driver_changed = dig(fa, "gpus.driver_version") != dig(fb, "gpus.driver_version")
     gpus_a, gpus_b = _gpu_identity(fa), _gpu_identity(fb)
     gpus_changed = gpus_a != gpus_b and gpus_a is not None and gpus_b is not None
     if gpus_changed:
@@ -259,12 +252,12 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
     elif gpus_a != gpus_b:
         ign.append(Ignored("GPUs", _gpu_summary(gpus_a), _gpu_summary(gpus_b), _ONE_SIDED))
 
-    cvd_changed = _get(a.fingerprint, "env.CUDA_VISIBLE_DEVICES") != _get(
+    cvd_changed = dig(a.fingerprint, "env.CUDA_VISIBLE_DEVICES") != dig(
         b.fingerprint, "env.CUDA_VISIBLE_DEVICES")
     for path, label, cause in _FP_FIELDS:
         if path.startswith("container."):
             continue
-        va, vb = _get(fa, path), _get(fb, path)
+        va, vb = dig(fa, path), dig(fb, path)
         if va == vb:
             continue
         explained: str | None = None
@@ -307,7 +300,7 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
         ("host.hostname", "container and pod hostnames are random; host identity is judged by "
                           "kernel, driver and GPU UUIDs"),
     ):
-        va, vb = _get(fa, path), _get(fb, path)
+        va, vb = dig(fa, path), dig(fb, path)
         if va != vb:
             ign.append(Ignored(f"fingerprint {path}", va, vb, why))
     mem_a, mem_b = _gpu_dynamic(fa), _gpu_dynamic(fb)
@@ -317,7 +310,7 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
 
 
 def _gpu_dynamic(fp: Mapping[str, Any]) -> list[Any] | None:
-    devices = _get(fp, "gpus.devices")
+    devices = dig(fp, "gpus.devices")
     if not isinstance(devices, list):
         return None
     return [
@@ -431,7 +424,7 @@ def _spelling(argv: Sequence[str]) -> list[str]:
 
 
 def _diff_env(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored]) -> None:
-    ea, eb = _get(a.fingerprint, "env") or {}, _get(b.fingerprint, "env") or {}
+    ea, eb = dig(a.fingerprint, "env") or {}, dig(b.fingerprint, "env") or {}
     if not isinstance(ea, Mapping) or not isinstance(eb, Mapping):
         return
     for name in sorted(set(ea) | set(eb)):
@@ -585,7 +578,7 @@ def _diff_outcome(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored
         va, vb = a.launch.get(key), b.launch.get(key)
         if va != vb:
             ign.append(Ignored(f"launch {key}", va, vb, why))
-    pa, pb = _get(a.launch, "api.port"), _get(b.launch, "api.port")
+    pa, pb = dig(a.launch, "api.port"), dig(b.launch, "api.port")
     if pa != pb and not any(i.what == "--port" for i in ign):
         ign.append(Ignored("API port", pa, pb, "ports are chosen per run"))
 

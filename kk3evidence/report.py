@@ -23,7 +23,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from . import _evidence
-from ._evidence import Evidence, LogLine, other_gpu_processes
+from ._evidence import Evidence, LogLine, dig, other_gpu_processes
 from ._i18n import CHECKLIST, LANGS, Lang, text
 from ._version import __version__
 from .compat import CheckResult, check_evidence, container_cuda
@@ -146,13 +146,6 @@ class ChecklistItem:
 # --- small helpers ---------------------------------------------------------------------------
 
 
-def _get(obj: Any, dotted: str) -> Any:
-    cur = obj
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping):
-            return None
-        cur = cur.get(part)
-    return cur
 
 
 def _v(value: Any, lang: Lang) -> str:
@@ -208,9 +201,9 @@ def _summary(ev: Evidence, lang: Lang) -> list[Block]:
 
 def fingerprint_rows(ev: Evidence, lang: Lang) -> list[tuple[str, str, str]]:
     fp = ev.fingerprint
-    host = " / ".join(str(x) for x in (_get(fp, "host.kernel"), _get(fp, "host.os"),
-                                       _get(fp, "host.arch")) if x)
-    devices = _get(fp, "gpus.devices") or []
+    host = " / ".join(str(x) for x in (dig(fp, "host.kernel"), dig(fp, "host.os"),
+                                       dig(fp, "host.arch")) if x)
+    devices = dig(fp, "gpus.devices") or []
     if devices:
         names: dict[str, int] = {}
         for d in devices:
@@ -220,7 +213,7 @@ def fingerprint_rows(ev: Evidence, lang: Lang) -> list[tuple[str, str, str]]:
         used = sum(int(d.get("memory_used_bytes") or 0) for d in devices)
         gpus += "; " + text(lang, "fp_in_use", size=_gib(used))
     else:
-        gpus = text(lang, "fp_no_gpu", source=_get(fp, "gpus.source") or "?")
+        gpus = text(lang, "fp_no_gpu", source=dig(fp, "gpus.source") or "?")
     libs = [f"{lib.get('name')} {lib.get('version') or ''}".strip()
             for lib in fp.get("libraries") or [] if isinstance(lib, Mapping)]
     env = fp.get("env") or {}
@@ -228,26 +221,26 @@ def fingerprint_rows(ev: Evidence, lang: Lang) -> list[tuple[str, str, str]]:
     c = "fingerprint.json"
     return [
         (text(lang, "fp_host"), _v(host, lang), f"{c} host"),
-        (text(lang, "fp_cpu"), text(lang, "fp_cpu_value", n=_get(fp, "host.cpu_count") or "?",
-                                    mem=_gib(_get(fp, "host.mem_total_bytes"))), f"{c} host"),
+        (text(lang, "fp_cpu"), text(lang, "fp_cpu_value", n=dig(fp, "host.cpu_count") or "?",
+                                    mem=_gib(dig(fp, "host.mem_total_bytes"))), f"{c} host"),
         (text(lang, "fp_gpus"), gpus, f"{c} gpus (NVML)"),
-        (text(lang, "fp_driver"), _v(_get(fp, "gpus.driver_version"), lang), f"{c} gpus"),
-        (text(lang, "fp_cuda_driver"), _v(_get(fp, "gpus.cuda_driver_version"), lang),
+        (text(lang, "fp_driver"), _v(dig(fp, "gpus.driver_version"), lang), f"{c} gpus"),
+        (text(lang, "fp_cuda_driver"), _v(dig(fp, "gpus.cuda_driver_version"), lang),
          f"{c} gpus"),
-        (text(lang, "fp_runtime"), _v(_get(fp, "container.runtime"), lang),
-         _v(_get(fp, "container.runtime_source"), lang)),
-        (text(lang, "fp_image_ref"), _v(_get(fp, "container.image_ref"), lang),
-         _v(_get(fp, "container.image_ref_source"), lang)),
-        (text(lang, "fp_image_id"), _v(_get(fp, "container.image_id"), lang),
-         _v(_get(fp, "container.image_id_source"), lang)),
-        (text(lang, "fp_python"), f"{_v(_get(fp, 'python.python_version'), lang)} "
-                                  f"({_v(_get(fp, 'python.interpreter'), lang)})",
+        (text(lang, "fp_runtime"), _v(dig(fp, "container.runtime"), lang),
+         _v(dig(fp, "container.runtime_source"), lang)),
+        (text(lang, "fp_image_ref"), _v(dig(fp, "container.image_ref"), lang),
+         _v(dig(fp, "container.image_ref_source"), lang)),
+        (text(lang, "fp_image_id"), _v(dig(fp, "container.image_id"), lang),
+         _v(dig(fp, "container.image_id_source"), lang)),
+        (text(lang, "fp_python"), f"{_v(dig(fp, 'python.python_version'), lang)} "
+                                  f"({_v(dig(fp, 'python.interpreter'), lang)})",
          f"{c} python"),
-        (text(lang, "fp_vllm"), _v(_get(fp, "python.vllm_version"), lang), f"{c} python"),
-        (text(lang, "fp_torch"), _v(_get(fp, "python.torch_version"), lang), f"{c} python"),
-        (text(lang, "fp_torch_cuda"), _v(_get(fp, "python.torch_cuda"), lang), f"{c} python"),
-        (text(lang, "fp_nccl"), _v(_get(fp, "python.nccl_version"), lang), f"{c} python"),
-        (text(lang, "fp_visible"), _v(_get(fp, "python.cuda_device_count"), lang),
+        (text(lang, "fp_vllm"), _v(dig(fp, "python.vllm_version"), lang), f"{c} python"),
+        (text(lang, "fp_torch"), _v(dig(fp, "python.torch_version"), lang), f"{c} python"),
+        (text(lang, "fp_torch_cuda"), _v(dig(fp, "python.torch_cuda"), lang), f"{c} python"),
+        (text(lang, "fp_nccl"), _v(dig(fp, "python.nccl_version"), lang), f"{c} python"),
+        (text(lang, "fp_visible"), _v(dig(fp, "python.cuda_device_count"), lang),
          f"{c} python"),
         (text(lang, "fp_libs"), ", ".join(libs) or text(lang, "not_recorded"),
          f"{c} libraries (/proc/PID/maps)"),
@@ -521,9 +514,9 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
     results: dict[str, tuple[Status, str]] = {}
 
     # 1. driver + container CUDA in the same snapshot
-    driver = _get(fp, "gpus.driver_version")
+    driver = dig(fp, "gpus.driver_version")
     cuda, _ = container_cuda(ev)
-    source = _get(fp, "gpus.source") or "?"
+    source = dig(fp, "gpus.source") or "?"
     cuda_s = ".".join(str(x) for x in cuda) if cuda else None
     if driver and cuda_s:
         results["driver_cuda_same_time"] = ("pass", text(
@@ -537,12 +530,12 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
         results["driver_cuda_same_time"] = ("unknown", text(lang, "ck1_unknown", source=source))
 
     # 2. image id
-    image_id = _get(fp, "container.image_id")
-    runtime = _get(fp, "container.runtime")
-    ref = _get(fp, "container.image_ref")
+    image_id = dig(fp, "container.image_id")
+    runtime = dig(fp, "container.runtime")
+    ref = dig(fp, "container.image_ref")
     if image_id:
         results["image_id"] = ("pass", text(lang, "ck2_pass", image_id=_truncate(image_id, 24),
-                                            how=_get(fp, "container.image_id_source") or "?"))
+                                            how=dig(fp, "container.image_id_source") or "?"))
     elif ref:
         results["image_id"] = ("fail", text(lang, "ck2_fail", ref=ref))
     elif runtime:
@@ -663,7 +656,7 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
     cluster = ev.notes.get("cluster") if isinstance(ev.notes.get("cluster"), Mapping) else {}
     cluster_text = str((cluster or {}).get("text") or "")
     auto_text = cluster_text.startswith("GPU state unknown")  # capture's own "no NVML" note
-    devices = _get(fp, "gpus.devices") or []
+    devices = dig(fp, "gpus.devices") or []
     if source == "nvml" and devices:
         results["cluster_state"] = ("pass", text(lang, "ck11_pass_nvml", n=len(devices),
                                                  others=len(other_gpu_processes(ev))))
@@ -671,7 +664,7 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
         results["cluster_state"] = ("pass", text(lang, "ck11_pass_notes",
                                                  text=_truncate(cluster_text, 100)))
     elif source == "error":
-        err = _get(fp, "gpus.error") or cluster_text or "NVML error"
+        err = dig(fp, "gpus.error") or cluster_text or "NVML error"
         results["cluster_state"] = ("fail", text(lang, "ck11_fail", error=err))
     else:
         results["cluster_state"] = ("unknown", text(lang, "ck11_unknown"))
@@ -695,9 +688,9 @@ def _checklist(items: Sequence[ChecklistItem], lang: Lang) -> list[Block]:
 
 
 def _limits(ev: Evidence, lang: Lang) -> list[Block]:
-    names = sorted({str(d.get("name")) for d in _get(ev.fingerprint, "gpus.devices") or []
+    names = sorted({str(d.get("name")) for d in dig(ev.fingerprint, "gpus.devices") or []
                     if isinstance(d, Mapping)})
-    gpus = ", ".join(names) if names else f"CPU {_get(ev.fingerprint, 'host.arch') or ''}".strip()
+    gpus = ", ".join(names) if names else f"CPU {dig(ev.fingerprint, 'host.arch') or ''}".strip()
     items = [text(lang, "lim_1"), text(lang, "lim_2", gpus=gpus), text(lang, "lim_3"),
              text(lang, "lim_4"),
              text(lang, "lim_5", n=len(ev.manifest.get("redactions") or []))]
