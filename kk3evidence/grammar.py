@@ -308,6 +308,7 @@ class LogLine:
         return self.process
 
 
+_CARET_ANSI_RE = re.compile(r"\^\[\[[0-9;?]*[ -/]*[@-~]")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 # Wrappers added by whatever collected the log (peeled first, in this order, repeatedly).
@@ -321,6 +322,10 @@ _SYSLOG_RE = re.compile(
 )
 # docker compose "svc-1  | ", Buildkite "  | " (no name)
 _COMPOSE_RE = re.compile(r"^(?:(?P<svc>[A-Za-z0-9][A-Za-z0-9_.-]*)\s+|[>\"\s]*)\|\s?")
+# `kubectl logs --prefix`: "[pod/<name>/<container>] ".
+_KUBECTL_RE = re.compile(
+    r"^\[(?:pod|deployment|statefulset|job|daemonset|replicaset)/[^\]\s]+\]\s+"
+)
 # A pasted/quoted log: markdown block quotes ("> ", "> > ") in front of the real line.
 _QUOTE_RE = re.compile(r"^(?:>[ \t]?)+(?=\S)")
 _BRACKET_TS_RE = re.compile(
@@ -372,6 +377,9 @@ def decode_line(raw: bytes | str) -> str:
         text = segs[-1] if segs else ""
     if "\x1b" in text:
         text = _ANSI_RE.sub("", text)
+    if "^[[" in text:
+        # Escapes written out literally (less/terminal copies): "^[[36m".
+        text = _CARET_ANSI_RE.sub("", text)
     if "\x00" in text:
         text = text.replace("\x00", "")
     if "[0m" in text:
@@ -414,6 +422,11 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
         m = _K8S_ISO_RE.match(rest) if head.isdigit() else None
         if m:
             timestamp = m.group(0).split()[0]
+            rest = rest[m.end() :]
+            continue
+        m = _KUBECTL_RE.match(rest) if head == "[" and rest[1:2].islower() else None
+        if m:
+            wrapper = rest[1 : m.end()].rstrip().rstrip("]")
             rest = rest[m.end() :]
             continue
         m = _BRACKET_TS_RE.match(rest) if head == "[" and rest[1:2].isdigit() else None

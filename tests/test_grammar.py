@@ -347,3 +347,14 @@ def test_pathological_long_candidate_line_is_bounded() -> None:
     line = ("NCCL error in: x.cpp:1, " * 40000 + "\n").encode()
     a = analyze(line * 3)
     assert a.lines_total == 3
+
+
+def test_literal_caret_escapes_and_kubectl_prefix_are_peeled() -> None:
+    caret = parse_line(
+        1, "^[[36m(RayWorkerWrapper pid=123)^[[0m ERROR 01-01 00:00:00 [x.py:1] boom"
+    )
+    assert caret.body == "boom" and caret.process == "RayWorkerWrapper pid=123"
+    kube = parse_line(1, "[pod/vllm-0/vllm] ERROR 01-01 00:00:00 [x.py:1] boom")
+    assert kube.body == "boom" and kube.level == "ERROR" and kube.wrapper == "pod/vllm-0/vllm"
+    quoted = parse_line(1, '"  | [2024-09-05T00:38:34Z] ERROR:    [Errno 98] bind failed')
+    assert quoted.body == "[Errno 98] bind failed" and quoted.level == "ERROR"
