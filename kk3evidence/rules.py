@@ -438,14 +438,32 @@ class StageHints:
     window_after: int = 0
     frame: tuple[tuple[str, str], ...] = ()  # (substring of a frame line, stage)
     line: tuple[tuple[str, str], ...] = ()  # (substring of a nearby line, stage)
+    # Derived from ``frame``: function names (``in <name>`` hints) and the other substrings.
+    frame_funcs: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    frame_subs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.frame and not self.frame_funcs and not self.frame_subs:
+            subs: list[tuple[str, str]] = []
+            for needle, stage in self.frame:
+                if needle.startswith("in ") and " " not in needle[3:]:
+                    self.frame_funcs.setdefault(needle[3:], stage)
+                else:
+                    subs.append((needle, stage))
+            object.__setattr__(self, "frame_subs", tuple(subs))
 
     def frame_stage(self, body: str) -> str | None:
-        """The stage hinted by a traceback frame line (the last matching hint wins)."""
-        got: str | None = None
-        for needle, stage in self.frame:
+        """The stage hinted by a traceback frame line: ``in <name>`` hints match the frame's
+        function name exactly (and win), other hints are substrings of the line."""
+        at = body.rfind(", in ")
+        if at >= 0:
+            got = self.frame_funcs.get(body[at + 5 :].strip())
+            if got is not None:
+                return got
+        for needle, stage in self.frame_subs:
             if needle in body:
-                got = stage
-        return got
+                return stage
+        return None
 
     def line_stage(self, body: str) -> str | None:
         for needle, stage in self.line:
