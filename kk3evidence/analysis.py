@@ -55,6 +55,7 @@ class _Compiled:
     noise_only: tuple[bool, ...]  # anchors of noise rules only: never a reason to look at a line
     completable: frozenset[str]  # stages with completion milestones
     hints: StageHints
+    hint_ids: frozenset[int]  # anchors that are `line` stage hints
 
 
 _CACHE: dict[int, _Compiled] = {}
@@ -88,6 +89,7 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
             if r.kind == "milestone" and r.stage and r.marks in ("complete", "ready")
         ),
         hints=hints,
+        hint_ids=frozenset(i for i, a in enumerate(anchors) if a in {n for n, _ in hints.line}),
     )
     _CACHE[key] = c
     return c
@@ -421,7 +423,11 @@ class AnalysisEngine:
             return
         if line.tb_role in ("header", "separator"):
             return
-        if hints.line and len(self._hint_events) < MAX_HINTS:
+        if (
+            anchor_ids
+            and not self._c.hint_ids.isdisjoint(anchor_ids)
+            and len(self._hint_events) < MAX_HINTS
+        ):
             st = hints.line_stage(line.body)
             if st is not None:
                 self._hint_events.append(
