@@ -339,6 +339,15 @@ _VLLM_PROC_RE = re.compile(
     r"^\((?P<name>[A-Za-z][A-Za-z0-9_\-]*(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3})\s+pid=(?P<pid>\d+)"
     r"(?:,\s*ip=(?P<ip>[^)\s]+))?\)\s?"
 )
+# Ray prefixes without a process name: "(pid=123) ", "(pid=123, ip=10.0.0.1) ", "(raylet) ".
+_RAY_BARE_RE = re.compile(
+    r"^\((?:pid=(?P<pid>\d+)(?:,\s*ip=(?P<ip>[^)\s]+))?|raylet|gcs_server|autoscaler)\)\s?"
+)
+# Ray's de-duplication suffix: "... [repeated 8x across cluster]".
+_RAY_REPEAT_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+# mpirun --tag-output "[1,0]<stderr>:" and srun --label "0: " in front of a vLLM line.
+_MPI_TAG_RE = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:\s?")
+_SRUN_LABEL_RE = re.compile(r"^\d{1,4}: (?=\(|\[|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )")
 _NAME_RANK_RE = re.compile(r"(?:rank=|_TP|\bTP|[Rr]ank)(\d+)(?!.*(?:rank=|TP)\d)|-(\d+)$")
 _VLLM_LEVEL_RE = re.compile(
     r"^\s*(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
@@ -424,6 +433,12 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
             timestamp = m.group(0).split()[0]
             rest = rest[m.end() :]
             continue
+        m = _MPI_TAG_RE.match(rest) if head == "[" and rest[1:2].isdigit() else None
+        if m is None and head.isdigit():
+            m = _SRUN_LABEL_RE.match(rest)
+        if m:
+            rest = rest[m.end() :]
+            continue
         m = _KUBECTL_RE.match(rest) if head == "[" and rest[1:2].islower() else None
         if m:
             wrapper = rest[1 : m.end()].rstrip().rstrip("]")
@@ -454,6 +469,15 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
         process = f"rank{rank}"
         rest = rest[m.end() :]
 
+    if rest[:1] == "(" and rest[1:4] in ("pid", "ray", "gcs", "aut"):
+        m = _RAY_BARE_RE.match(rest)
+        if m:
+            if m.group("pid"):
+                pid = int(m.group("pid"))
+                process = f"pid={pid}" + (f", ip={m.group('ip')}" if m.group("ip") else "")
+            else:
+                process = rest[1 : rest.index(")")]
+            rest = rest[m.end() :]
     m = _VLLM_PROC_RE.match(rest) if rest[:1] == "(" else None
     if m:
         name = " ".join(m.group("name").split())
@@ -512,6 +536,8 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
                     if m:
                         level = normalize_level(m.group("level"))
                         rest = rest[m.end() :]
+    if rest.endswith("across cluster]"):
+        rest = _RAY_REPEAT_RE.sub("", rest)
     return LogLine(
         line_no=line_no,
         text=text,

@@ -358,3 +358,25 @@ def test_literal_caret_escapes_and_kubectl_prefix_are_peeled() -> None:
     assert kube.body == "boom" and kube.level == "ERROR" and kube.wrapper == "pod/vllm-0/vllm"
     quoted = parse_line(1, '"  | [2024-09-05T00:38:34Z] ERROR:    [Errno 98] bind failed')
     assert quoted.body == "[Errno 98] bind failed" and quoted.level == "ERROR"
+
+
+@pytest.mark.parametrize(
+    ("raw", "process"),
+    [
+        ("(pid=12345) ERROR 01-01 00:00:00 [x.py:1] boom", "pid=12345"),
+        ("(raylet) ERROR 01-01 00:00:00 [x.py:1] boom", "raylet"),
+        (
+            "(pid=1, ip=10.0.0.1) ERROR 01-01 00:00:00 [x.py:1] boom [repeated 3x across cluster]",
+            "pid=1, ip=10.0.0.1",
+        ),
+        ("[1,0]<stderr>:ERROR 01-01 00:00:00 [x.py:1] boom", None),
+        ("3: (EngineCore pid=1) ERROR 01-01 00:00:00 [x.py:1] boom", "EngineCore pid=1"),
+    ],
+)
+def test_ray_mpirun_and_srun_prefixes_are_peeled(raw: str, process: str | None) -> None:
+    ln = parse_line(1, raw)
+    assert ln.body == "boom" and ln.level == "ERROR" and ln.process == process
+
+
+def test_a_numbered_plain_line_keeps_its_number() -> None:
+    assert parse_line(1, "1: something else").body == "1: something else"
