@@ -433,8 +433,8 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
             timestamp = m.group(0).split()[0]
             rest = rest[m.end() :]
             continue
-        m = _MPI_TAG_RE.match(rest) if head == "[" and rest[1:2].isdigit() else None
-        if m is None and head.isdigit():
+        m = _MPI_TAG_RE.match(rest) if head == "[" and "]<" in rest[:16] else None
+        if m is None and head.isdigit() and ": " in rest[1:6]:
             m = _SRUN_LABEL_RE.match(rest)
         if m:
             rest = rest[m.end() :]
