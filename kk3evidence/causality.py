@@ -22,7 +22,7 @@ Definitions used here (documented in docs/rules-format.md):
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,8 +150,9 @@ def resolve(
     if serving is not None and (ready_at is None or serving.first_line < ready_at):
         ready_at = serving.first_line
     pol = policy if policy is not None else StageHints()
+    index = HintIndex(hints)
     for h in kept:
-        stage = _failure_stage(h, evidence, ready_at, completable, hints=hints, policy=pol)
+        stage = _failure_stage(h, evidence, ready_at, completable, hints=index, policy=pol)
         if stage is not None:
             stage_of[h.line.line_no] = stage
 
@@ -253,7 +254,7 @@ def _failure_stage(
     ready_at: int | None,
     completable: frozenset[str],
     *,
-    hints: Sequence[HintEvent] = (),
+    hints: HintIndex | None = None,
     policy: StageHints | None = None,
 ) -> str | None:
     """The stage a failure line belongs to when it is not simply its rule's stage.
@@ -272,9 +273,10 @@ def _failure_stage(
         return "serving"
     pol = policy if policy is not None else StageHints()
     if (
-        hints
+        hints is not None
+        and hints.events
         and r.id not in pol.fixed_rules
-        and (r.category in pol.context_categories or (r.fallback and r.scope == "exception"))
+        and (r.category in pol.context_categories or r.fallback)
     ):
         hinted = hinted_stage(h, hints, pol)
         if hinted is not None:
@@ -292,44 +294,52 @@ def _failure_stage(
     return None
 
 
-def hinted_stage(h: Classified, hints: Sequence[HintEvent], policy: StageHints) -> str | None:
+class HintIndex:
+    """Hint events indexed for lookups around many failures (built once per resolve)."""
+
+    __slots__ = ("by_chain", "events", "lines")
+
+    def __init__(self, hints: Sequence[HintEvent]) -> None:
+        self.events = sorted(hints, key=lambda e: e.line_no)
+        self.lines = [e.line_no for e in self.events]
+        self.by_chain: dict[int, list[HintEvent]] = {}
+        for ev in self.events:
+            if ev.frame and ev.chain is not None:
+                self.by_chain.setdefault(ev.chain, []).append(ev)
+
+    def around(self, lo: int, hi: int) -> list[HintEvent]:
+        return self.events[bisect.bisect_left(self.lines, lo) : bisect.bisect_right(self.lines, hi)]
+
+
+def hinted_stage(
+    h: Classified, hints: HintIndex | Sequence[HintEvent], policy: StageHints
+) -> str | None:
     """The stage the hints around a failure line point at (precedence in
     ``rules/stage-hints.toml``): the innermost start-up frame of the failing traceback, else
     the nearest start-up line hint, else ``serving`` when only serving hints are there."""
+    index = hints if isinstance(hints, HintIndex) else HintIndex(hints)
     ln = h.line
     no = ln.line_no
-    lo, hi = no - policy.window_before, no + policy.window_after
-    own: list[HintEvent] = []  # frames of the failing exception's own traceback chain
-    near: list[HintEvent] = []
-    for ev in _window(hints, lo, hi, ln.tb_chain):
-        if ln.tb_chain is not None and ev.frame and ev.chain == ln.tb_chain:
-            own.append(ev)
-        elif lo <= ev.line_no <= hi:
-            near.append(ev)
-    for group in (own, near):
-        start = [e for e in group if e.stage != "serving"]
-        if start:
-            if group is own:
-                # Innermost: the first traceback of the chain, its last hinted frame.
-                first_index = min(e.index for e in start)
-                return [e for e in start if e.index == first_index][-1].stage
-            # Nearest line (the failing traceback's frames follow or precede the line).
-            return min(start, key=lambda e: (abs(e.line_no - no), e.line_no)).stage
+    chain = ln.tb_chain
+    # Frames of the failing exception's own traceback chain, then the lines around it.
+    own = index.by_chain.get(chain, []) if chain is not None else []
+    near = [
+        e
+        for e in index.around(no - policy.window_before, no + policy.window_after)
+        if chain is None or not (e.frame and e.chain == chain)
+    ]
+    start = [e for e in own if e.stage != "serving"]
+    if start:
+        # Innermost: the first traceback of the chain, its last hinted frame.
+        first_index = min(e.index for e in start)
+        return [e for e in start if e.index == first_index][-1].stage
+    start = [e for e in near if e.stage != "serving"]
+    if start:
+        # Nearest (the failing traceback's frames follow or precede the line).
+        return min(start, key=lambda e: (abs(e.line_no - no), e.line_no)).stage
     if any(e.stage == "serving" for e in own) or any(e.stage == "serving" for e in near):
         return "serving"
     return None
-
-
-def _window(hints: Sequence[HintEvent], lo: int, hi: int, chain: int | None) -> Iterator[HintEvent]:
-    """Hints in ``[lo, hi]``, plus (anywhere) the frames of ``chain``."""
-    if chain is not None:
-        for ev in hints:
-            if ev.chain == chain and ev.frame and not lo <= ev.line_no <= hi:
-                yield ev
-    i = bisect.bisect_left(hints, lo, key=lambda e: e.line_no)
-    while i < len(hints) and hints[i].line_no <= hi:
-        yield hints[i]
-        i += 1
 
 
 def _pick_cause(cats: frozenset[str] | None, roots: list[Classified]) -> Classified | None:
