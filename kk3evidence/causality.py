@@ -260,6 +260,8 @@ def _failure_stage(
     """The stage a failure line belongs to when it is not simply its rule's stage.
 
     * After the server answered (health 200, requests served) whatever fails is ``serving``.
+    * A context-dependent failure (``rules/stage-hints.toml``) takes the stage its hints point
+      at (a serving hint only when no start-up stage is visibly unfinished).
     * A fallback exception takes the stage in progress.
     * A failure of a stage-agnostic category (OOM, illegal memory access, other) whose rule
       names a later stage than the one in progress, while that one (with completion
@@ -279,6 +281,10 @@ def _failure_stage(
         and (r.category in pol.context_categories or r.fallback)
     ):
         hinted = hinted_stage(h, hints, pol)
+        if hinted == "serving" and _start_up_unfinished(no, evidence, completable):
+            # Serving code (execute_model) also runs while the engine warms up: when the log
+            # shows a start-up stage begun and not finished, the milestones decide.
+            hinted = None
         if hinted is not None:
             return hinted
     if (r.fallback and r.scope == "exception") or not r.stage:
@@ -292,6 +298,19 @@ def _failure_stage(
     if r.category in _ANY_STAGE and cur in completable and unfinished and _T[cur] < _T[r.stage]:
         return cur
     return None
+
+
+def _start_up_unfinished(
+    no: int, evidence: dict[str, StageEvidence], completable: frozenset[str]
+) -> bool:
+    """A start-up stage with a completion milestone began before ``no`` and had not completed."""
+    return any(
+        stage in completable
+        and stage != "serving"
+        and ev.first_line < no
+        and (ev.completed_at is None or ev.completed_at > no)
+        for stage, ev in evidence.items()
+    )
 
 
 class HintIndex:

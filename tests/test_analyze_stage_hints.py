@@ -139,3 +139,11 @@ def test_bare_exception_line_without_traceback_reaches_the_fallback() -> None:
 def test_warning_level_exception_text_is_not_a_failure() -> None:
     lines = ["WARNING 01-01 00:00:00 [x.py:1] RuntimeError: retrying in 1 s"]
     assert analyze([ln + "\n" for ln in lines]).first_failure is None
+
+
+def test_serving_frames_yield_to_an_unfinished_start_up_stage() -> None:
+    # Weights are still loading (started, no "Loading weights took"): the busy-loop frames of
+    # a truncated traceback do not make it a serving failure.
+    start = "(Worker pid=3) INFO 11-30 01:48:03 [gpu_model_runner.py:68] Starting to load model /m"
+    lines = [start, *_tb("run_busy_loop", "step", "execute_model", "forward")]
+    assert _first(lines)[1] == "weights_access"
