@@ -71,6 +71,11 @@ _BLOCK_REGEX: dict[str, str] = {
         r"(?:[A-Za-z_][A-Za-z0-9_]*\.)*[A-Za-z_][A-Za-z0-9_]*"
         r"(?:Error|Exception|Exit|Interrupt|Failure|Fault|Timeout|Warning)(?![A-Za-z0-9_])"
     ),
+    # An exception that is an error (no warnings, exits or interrupts): bare-line fallbacks.
+    "pyerr": (
+        r"(?:[A-Za-z_][A-Za-z0-9_]*\.)*[A-Za-z_][A-Za-z0-9_]*"
+        r"(?:Error|Exception|Failure|Fault)(?![A-Za-z0-9_])"
+    ),
 }
 
 

@@ -35,6 +35,10 @@ BLOCK_CASES = {
         ["ValueError", "torch.OutOfMemoryError", "pkg.mod.MyException", "KeyboardInterrupt"],
         ["StopIteration", "value error"],
     ),
+    "pyerr": (
+        ["ValueError", "torch.OutOfMemoryError", "pkg.mod.MyException", "NcclFailure"],
+        ["UserWarning", "KeyboardInterrupt", "SystemExit", "StopIteration"],
+    ),
 }
 
 
