@@ -246,8 +246,9 @@ class LineRecorder:
         """Keep each stream's unfinished last line (redacted) in a tail file beside the log.
 
         A line without its newline yet lives only in memory; if the shim is SIGKILLed then,
-        ``seal`` appends these tails (``<log>.partial-<stream>``) so nothing received is lost.
-        The files go away once the line is complete or the recorder closes normally.
+        ``seal`` appends these tails (``<log>.partial-<stream>``: the log's size when saved, a
+        newline, the bytes) so nothing received is lost. The files go away once the line is
+        complete or the recorder closes normally.
         """
         if self._log_path is None:
             return
@@ -260,6 +261,10 @@ class LineRecorder:
                 if current:
                     data = self._redact(current) if self._redact is not None else current
                     with open(path + ".tmp", "wb") as fp:
+                        # The log size now: if the shim dies after the line is completed in
+                        # the log but before this file is updated, seal finds the line at or
+                        # after this offset and knows the tail is stale.
+                        fp.write(b"%d\n" % self._offset)
                         fp.write(data)
                     os.replace(path + ".tmp", path)
                 else:

@@ -1434,6 +1434,10 @@ def _merge_found_placeholders(
     return records + [found[k] for k in sorted(found)]
 
 
+#: how far past a tail's offset seal looks for the line that completed it
+PARTIAL_TAIL_WINDOW = 64 * 1024 * 1024
+
+
 def seal(
     staging_dir: str | os.PathLike[str],
     out_path: str | os.PathLike[str],
@@ -1462,15 +1466,34 @@ def seal(
 
 
 def _append_partial_tails(log: Path) -> None:
-    """Append the unfinished last lines a killed capture kept beside the log
-    (``combined.log.partial-<stream>``, already redacted), then remove those files."""
+    """Append the unfinished last lines a killed capture kept beside the log, then remove
+    those files.
+
+    A tail file (``combined.log.partial-<stream>``, already redacted) holds the log's size when
+    it was saved, a newline, then the bytes. The shim may have died after writing the completed
+    line to the log but before removing the tail: then a line starting with those bytes stands
+    in the log at or after that offset, and the stale tail is dropped instead of duplicated.
+    """
     if not log.parent.is_dir():
         return
     for tail in sorted(log.parent.glob(log.name + ".partial-*")):
         if tail.is_file() and not tail.is_symlink() and not tail.name.endswith(".tmp"):
-            with open(log, "ab") as out, open(tail, "rb") as src:
-                shutil.copyfileobj(src, out)
+            raw = tail.read_bytes()
+            head, _, data = raw.partition(b"\n")
+            if data and head.isdigit() and not _completed_in_log(log, int(head), data):
+                with open(log, "ab") as out:
+                    out.write(data)
         tail.unlink()
+
+
+def _completed_in_log(log: Path, offset: int, data: bytes) -> bool:
+    if not log.is_file():
+        return False
+    with open(log, "rb") as fp:
+        fp.seek(offset)
+        # The completing line is among the first lines written after the tail was saved.
+        after = fp.read(PARTIAL_TAIL_WINDOW)
+    return after.startswith(data) or (b"\n" + data) in after
 
 
 def _drop_partial_last_row(path: Path) -> None:

@@ -227,6 +227,35 @@ def test_seal_turns_a_killed_capture_into_a_valid_bundle(tmp_path: Path) -> None
     assert stg.is_dir()  # kept unless asked
 
 
+@pytest.mark.parametrize(
+    ("log", "tail", "expected"),
+    [
+        # capture died with "line 3" still waiting for its newline: the tail is appended
+        (b"a\nline 2\n", b"9\nline 3", b"a\nline 2\nline 3"),
+        # capture died after writing the completed line but before removing the tail
+        (b"a\nline 3 done\n", b"2\nline 3", b"a\nline 3 done\n"),
+        # ... with a line of the other stream written in between
+        (b"a\nerr\nline 3 done\n", b"2\nline 3", b"a\nerr\nline 3 done\n"),
+        # a tail without its offset header is not trusted
+        (b"a\n", b"garbage", b"a\n"),
+    ],
+)
+def test_seal_appends_unfinished_tails_and_drops_stale_ones(
+    tmp_path: Path, log: bytes, tail: bytes, expected: bytes
+) -> None:
+    stg = tmp_path / "stg"
+    w = BundleWriter(stg, created=CREATED)
+    fp = w.open_stream("logs/combined.log")
+    fp.write(log)
+    fp.flush()
+    (stg / "logs" / "combined.log.partial-0").write_bytes(tail)
+    out = seal(stg, tmp_path / "run.tar")
+    assert validate(out) == []
+    with open_bundle(out) as b:
+        assert b"".join(b.iter_log_lines()) == expected
+    assert not (stg / "logs" / "combined.log.partial-0").exists()
+
+
 def test_seal_keeps_an_early_launch_json_and_lists_found_placeholders(tmp_path: Path) -> None:
     stg = tmp_path / "stg"
     w = BundleWriter(stg, created=CREATED)
