@@ -457,6 +457,23 @@ def _serve_info(argv: Sequence[str]) -> Any:
         return None
 
 
+def _wait_interruptibly(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for CMD while staying responsive to forwarded signals.
+
+    A signal sent to this process may be delivered by the kernel to any of its threads (the
+    pump, the prober); Python then runs our handler only when the *main* thread next executes
+    bytecode. A plain ``proc.wait()`` blocks the main thread in waitpid(2), which that signal
+    does not interrupt, so the handler (which forwards the signal to CMD) would wait for CMD to
+    exit by itself: a deadlock with a server that only stops on that signal. Short timed waits
+    let the handler run within a fraction of a second.
+    """
+    while True:
+        try:
+            return proc.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def run_capture(
     opts: CaptureOptions,
     *,
@@ -599,7 +616,7 @@ def run_capture(
             prober.start()
 
         # -- wait for CMD ---------------------------------------------------------------------
-        returncode = proc.wait()
+        returncode = _wait_interruptibly(proc)
         run.child_exited.set()
         ended = datetime.now(UTC)
         _settle_group(run)

@@ -167,6 +167,40 @@ def test_signal_to_capture_is_forwarded_to_the_command(
         assert b.launch["exit_code"] == 42
 
 
+def _tgkill(pid: int, tid: int, sig: int) -> None:
+    """Send ``sig`` to one thread of another process (Linux tgkill(2))."""
+    import ctypes
+    import platform
+
+    numbers = {"x86_64": 234, "aarch64": 131}
+    if platform.machine() not in numbers:
+        pytest.skip(f"tgkill syscall number unknown on {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(numbers[platform.machine()], pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill failed")
+
+
+def test_signal_delivered_to_a_worker_thread_still_reaches_the_command(
+    tmp_path: Path, spawn: Spawn
+) -> None:
+    """The kernel may hand a process-directed signal to any thread; capture must forward it
+    even when the main thread is waiting for CMD (a regression: it used to deadlock)."""
+    bundle = tmp_path / "run.tar"
+    cmd = [PY, prog("signals.py"), "--exit-on", "SIGTERM=42"]
+    proc = spawn(
+        capture_argv(bundle, cmd, ["--no-probe"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=base_env(),
+    )
+    _read_until(proc, b"ready\n")
+    tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+    assert tids, "capture runs worker threads (pump, log writer)"
+    _tgkill(proc.pid, tids[0], signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 42
+
+
 def test_second_ctrl_c_kills_the_process_group(tmp_path: Path, spawn: Spawn) -> None:
     bundle = tmp_path / "run.tar"
     cmd = [PY, prog("signals.py"), "--ignore", "SIGINT"]
