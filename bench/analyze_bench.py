@@ -1,7 +1,7 @@
 """Benchmark: `kk3evidence analyze` vs `grep -c -E` over the same anchors, on a >= 1 GB log.
 
 The log is built from real vLLM 0.32 lines (the project's corpus/realrun-* logs, copied from
-../shared/realruns): mostly serving-time INFO noise (access log and engine stats lines), one real
+tests/data/realruns): mostly serving-time INFO noise (access log and engine stats lines), one real
 start-up every few MB, and a few real failing start-ups with their tracebacks. It is written to a
 temporary folder (never into the repository) and removed afterwards.
 
@@ -91,8 +91,8 @@ def build_log(path: Path, size_mb: int) -> dict[str, int]:
 
 def anchors() -> list[str]:
     sys.path.insert(0, str(REPO))
-    from kk3evidence.analysis import _STRUCTURAL_ANCHORS
-    from kk3evidence.rules import load_rules
+    from kk3evidence.analysis.engine import _STRUCTURAL_ANCHORS
+    from kk3evidence.analysis.rules import load_rules
 
     return list(load_rules().anchors) + list(_STRUCTURAL_ANCHORS)
 
@@ -111,7 +111,7 @@ def run_child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float,
 _LIB = (
     "import json,resource,sys,time\n"
     "t0=time.perf_counter()\n"
-    "from kk3evidence.analysis import analyze\n"
+    "from kk3evidence.analysis.engine import analyze\n"
     "analyze(b'')\n"  # load and compile the rules and the prefilter once
     "ready=time.perf_counter()-t0\n"
     "t=time.perf_counter();a=analyze(sys.argv[1])\n"
@@ -183,7 +183,7 @@ def main() -> int:
         cli_s, cli_rss = best_of(args.repeat, cli)
         g_s, g_count = best_of(args.repeat, grep)
 
-        from kk3evidence._prefilter import Prefilter
+        from kk3evidence.analysis.prefilter import Prefilter
 
         engine = Prefilter(["xxxx"], [False], engine=args.engine).engine
         rows = [

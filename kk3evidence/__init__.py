@@ -20,51 +20,59 @@ from .errors import BundleError, CaptureError, InputError, Kk3Error, RuleError, 
 from .model import CATEGORIES, STAGES, Analysis, Finding, Problem, StageSpan
 
 if TYPE_CHECKING:
-    from .analysis import analyze
-    from .bundle import Bundle, BundleWriter, Limits, iter_problems, open_bundle, seal, validate
-    from .capture import CaptureOptions, CaptureResult, run_capture
-    from .classify import classify_line
-    from .compare import Comparison, compare
-    from .compat import CheckResult, check
-    from .diff import DiffResult, diff
-    from .fingerprint import collect as collect_fingerprint
-    from .ladder import LadderResult, load_plan, run_ladder
-    from .minimize import build_plan, minimize
-    from .redact import Redactor
-    from .report import render_report
+    from .analysis.classify import classify_line
+    from .analysis.engine import analyze
+    from .bundle.archive import (
+        Bundle,
+        BundleWriter,
+        Limits,
+        iter_problems,
+        open_bundle,
+        seal,
+        validate,
+    )
+    from .bundle.redact import Redactor
+    from .capture.fingerprint import collect as collect_fingerprint
+    from .capture.ladder.run import LadderResult, load_plan, run_ladder
+    from .capture.run import CaptureOptions, CaptureResult, run_capture
+    from .handoff.compare import Comparison, compare
+    from .handoff.compat import CheckResult, check
+    from .handoff.diff import DiffResult, diff
+    from .handoff.minimize import build_plan, minimize
+    from .handoff.report.markdown import render_report
     from .vllm_args import ServeCommand, flag_diff, parse_serve_argv
 
 # public name -> (module, attribute)
 _LAZY: dict[str, tuple[str, str]] = {
-    "analyze": ("analysis", "analyze"),
-    "classify_line": ("classify", "classify_line"),
-    "Bundle": ("bundle", "Bundle"),
-    "BundleWriter": ("bundle", "BundleWriter"),
-    "Limits": ("bundle", "Limits"),
-    "iter_problems": ("bundle", "iter_problems"),
-    "open_bundle": ("bundle", "open_bundle"),
-    "seal": ("bundle", "seal"),
-    "validate": ("bundle", "validate"),
-    "Redactor": ("redact", "Redactor"),
-    "CaptureOptions": ("capture", "CaptureOptions"),
-    "CaptureResult": ("capture", "CaptureResult"),
-    "run_capture": ("capture", "run_capture"),
-    "collect_fingerprint": ("fingerprint", "collect"),
+    "analyze": ("analysis.engine", "analyze"),
+    "classify_line": ("analysis.classify", "classify_line"),
+    "Bundle": ("bundle.archive", "Bundle"),
+    "BundleWriter": ("bundle.archive", "BundleWriter"),
+    "Limits": ("bundle.archive", "Limits"),
+    "iter_problems": ("bundle.archive", "iter_problems"),
+    "open_bundle": ("bundle.archive", "open_bundle"),
+    "seal": ("bundle.archive", "seal"),
+    "validate": ("bundle.archive", "validate"),
+    "Redactor": ("bundle.redact", "Redactor"),
+    "CaptureOptions": ("capture.run", "CaptureOptions"),
+    "CaptureResult": ("capture.run", "CaptureResult"),
+    "run_capture": ("capture.run", "run_capture"),
+    "collect_fingerprint": ("capture.fingerprint", "collect"),
     "ServeCommand": ("vllm_args", "ServeCommand"),
     "flag_diff": ("vllm_args", "flag_diff"),
     "parse_serve_argv": ("vllm_args", "parse_serve_argv"),
-    "DiffResult": ("diff", "DiffResult"),
-    "diff": ("diff", "diff"),
-    "CheckResult": ("compat", "CheckResult"),
-    "check": ("compat", "check"),
-    "render_report": ("report", "render_report"),
-    "Comparison": ("compare", "Comparison"),
-    "compare": ("compare", "compare"),
-    "build_plan": ("minimize", "build_plan"),
-    "minimize": ("minimize", "minimize"),
-    "LadderResult": ("ladder", "LadderResult"),
-    "load_plan": ("ladder", "load_plan"),
-    "run_ladder": ("ladder", "run_ladder"),
+    "DiffResult": ("handoff.diff", "DiffResult"),
+    "diff": ("handoff.diff", "diff"),
+    "CheckResult": ("handoff.compat", "CheckResult"),
+    "check": ("handoff.compat", "check"),
+    "render_report": ("handoff.report.markdown", "render_report"),
+    "Comparison": ("handoff.compare", "Comparison"),
+    "compare": ("handoff.compare", "compare"),
+    "build_plan": ("handoff.minimize", "build_plan"),
+    "minimize": ("handoff.minimize", "minimize"),
+    "LadderResult": ("capture.ladder.run", "LadderResult"),
+    "load_plan": ("capture.ladder.run", "load_plan"),
+    "run_ladder": ("capture.ladder.run", "run_ladder"),
 }
 
 

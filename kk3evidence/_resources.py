@@ -1,6 +1,6 @@
-"""Access to the data shipped with the package: ``rules/`` and ``schemas/``.
+"""Access to the data shipped with the package: ``rules/``, ``data/`` and ``schemas/``.
 
-In a wheel they live at ``kk3evidence/_data/{rules,schemas}`` (hatchling force-include) and are
+In a wheel they live at ``kk3evidence/_data/{rules,data,schemas}`` (hatchling force-include) and are
 read through :mod:`importlib.resources`; in a source checkout (editable install, tests) the
 top-level folders of the repository are used.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def data_dir(name: str) -> Traversable:
-    """Return the shipped folder ``name`` (``"rules"`` or ``"schemas"``)."""
+    """Return the shipped folder ``name`` (``"rules"``, ``"data"`` or ``"schemas"``)."""
     packaged = resources.files("kk3evidence").joinpath("_data", name)
     if packaged.is_dir():
         return packaged

@@ -2,7 +2,7 @@
 
 Standalone (standard library + vLLM only): it runs inside the interpreter of the environment
 where vLLM is installed, either as `scripts/gen-vllm-args` (writes the shipped
-rules/vllm_args/vllm-X.Y.json) or from `kk3evidence minimize --from-installed`, which runs
+data/vllm_args/vllm-X.Y.json) or from `kk3evidence minimize --from-installed`, which runs
 this file with the vLLM environment's Python and reads the table from stdout.
 """
 
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stdout", action="store_true", help="print the table instead of writing it")
     ap.add_argument(
-        "--out-dir", default=str(Path(__file__).resolve().parent.parent / "rules" / "vllm_args")
+        "--out-dir", default=str(Path(__file__).resolve().parent.parent / "data" / "vllm_args")
     )
     ns = ap.parse_args(argv)
     table = extract()

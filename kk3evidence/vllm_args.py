@@ -1,7 +1,7 @@
 """Parse and normalize a ``vllm serve`` command line, flag by flag. Pure: no subprocess.
 
 vLLM's own argument list (names, aliases, types, defaults, groups) comes from a table generated
-from vLLM's parser by ``scripts/gen-vllm-args`` and shipped as ``rules/vllm_args/vllm-X.Y.json``;
+from vLLM's parser by ``scripts/gen-vllm-args`` and shipped as ``data/vllm_args/vllm-X.Y.json``;
 :class:`ArgTable` also accepts a table extracted live from an installed vLLM (same shape).
 
 Normalization follows vLLM's ``FlexibleArgumentParser``: ``--x=1`` and ``--x 1`` are the same,
@@ -24,8 +24,8 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
-from . import _resources
-from .errors import InputError
+from kk3evidence import _resources
+from kk3evidence.errors import InputError
 
 __all__ = [
     "DEFAULT",
@@ -197,9 +197,9 @@ def _version_key(name: str) -> tuple[int, ...]:
 @lru_cache(maxsize=8)
 def load_arg_table(version: str | None = None) -> ArgTable:
     """The shipped table for vLLM ``version`` (``"0.32"``, ``"0.32.0"``), else the newest."""
-    files = [f for f in _resources.iter_files("rules", ".json") if f.name.startswith("vllm-")]
+    files = [f for f in _resources.iter_files("data", ".json") if f.name.startswith("vllm-")]
     if not files:
-        raise InputError("no vLLM argument table under rules/vllm_args; reinstall kk3evidence")
+        raise InputError("no vLLM argument table under data/vllm_args; reinstall kk3evidence")
     chosen = max(files, key=lambda f: _version_key(f.name))
     if version:
         want = ".".join(version.split(".")[:2])
@@ -210,8 +210,8 @@ def load_arg_table(version: str | None = None) -> ArgTable:
     try:
         obj = json.loads(chosen.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise InputError(f"rules/vllm_args/{chosen.name}: unreadable ({exc})") from None
-    return ArgTable.from_json(obj, source=f"rules/vllm_args/{chosen.name}")
+        raise InputError(f"data/vllm_args/{chosen.name}: unreadable ({exc})") from None
+    return ArgTable.from_json(obj, source=f"data/vllm_args/{chosen.name}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from kk3evidence._evidence import Evidence, from_dicts
+from kk3evidence.handoff.evidence import Evidence, from_dicts
 
 BASE_ARGV = [
     "vllm", "serve", "/models/tinyllama", "--served-model-name", "tiny", "--port", "8011",
@@ -174,7 +174,7 @@ def write(ev: Evidence, path: Any, *, log_lines: list[str] | None = None,
 
     Without ``analysis.json`` the reader runs the real analyzer on the log.
     """
-    from kk3evidence.bundle import BundleWriter
+    from kk3evidence.bundle.archive import BundleWriter
 
     staging = path.with_name(path.name + ".staging")
     writer = BundleWriter(staging, bundle_id=bundle_id)

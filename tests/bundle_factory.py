@@ -2,7 +2,7 @@
 
     from bundle_factory import write_bundle, RawMember, build_tar, valid_raw_members
 
-``write_bundle`` goes through the real :class:`~kk3evidence.bundle.BundleWriter`;
+``write_bundle`` goes through the real :class:`~kk3evidence.bundle.archive.BundleWriter`;
 ``build_tar`` writes tar bytes header by header (declared sizes, types, names, pax records
 and end markers are all under the caller's control), so every hostile shape can be made.
 """
@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kk3evidence.bundle import BundleWriter
-from kk3evidence.redact import Redactor
+from kk3evidence.bundle.archive import BundleWriter
+from kk3evidence.bundle.redact import Redactor
 
 CREATED = datetime(2026, 11, 30, 1, 2, 3, tzinfo=UTC)
 TOP = "kk3-test"

@@ -1,7 +1,7 @@
 """Fixtures shared by every test module.
 
-``shared_dir``: the project's ``../shared`` folder (real vLLM runs, spec). A fresh clone may not
-have it: tests that need it skip, except under ``CI=true`` where a missing prerequisite fails.
+``realruns``: real vLLM runs kept in the repository (``tests/data/realruns``), so a plain clone
+needs nothing outside it. ``skip_or_fail``: skip locally, fail under ``CI=true``.
 """
 
 from __future__ import annotations
@@ -28,13 +28,6 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    d = Path(os.environ.get("KK3_SHARED_DIR", REPO.parent / "shared"))
-    if not (d / "realruns").is_dir():
-        skip_or_fail(f"shared folder with realruns/ not found at {d} (set KK3_SHARED_DIR)")
-    return d
-
-
-@pytest.fixture(scope="session")
-def realruns(shared_dir: Path) -> Path:
-    return shared_dir / "realruns"
+def realruns() -> Path:
+    """Real vLLM 0.32.0 (CPU build) runs kept in the repo (tests/data/realruns/README.md)."""
+    return REPO / "tests" / "data" / "realruns"

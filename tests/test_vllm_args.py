@@ -52,7 +52,7 @@ def test_shipped_table_is_vllm_0_32_and_knows_the_core_flags() -> None:
 
 
 def test_shipped_table_names_its_generator_and_has_no_machine_paths() -> None:
-    text = (REPO / "rules" / "vllm_args" / "vllm-0.32.json").read_text()
+    text = (REPO / "data" / "vllm_args" / "vllm-0.32.json").read_text()
     obj = json.loads(text)
     assert obj["generated_by"] == "scripts/gen-vllm-args"
     assert "/work/" not in text and "/root/" not in text

@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from kk3evidence.analysis import analyze
+from kk3evidence.analysis.engine import analyze
+from kk3evidence.analysis.rules import load_rule_files
 from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, UsageError
 from kk3evidence.model import Analysis, Finding
-from kk3evidence.rules import load_rule_files
 
 from ._common import echo_json, handle_errors
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from kk3evidence.capture import CaptureOptions, main_passthrough_sinks, run_capture
+from kk3evidence.capture.run import CaptureOptions, main_passthrough_sinks, run_capture
 
 from ._common import handle_errors
 

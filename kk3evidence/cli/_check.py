@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from kk3evidence.compat import CheckResult, check
+from kk3evidence.handoff.compat import CheckResult, check
 
 from ._common import echo_json, handle_errors
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from kk3evidence.compare import Comparison, compare
 from kk3evidence.errors import UsageError
+from kk3evidence.handoff.compare import Comparison, compare
 
 from ._common import echo_json, handle_errors
 

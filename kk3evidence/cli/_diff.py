@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from kk3evidence.diff import DiffResult, diff
+from kk3evidence.handoff.diff import DiffResult, diff
 
 from ._common import echo_json, handle_errors
 

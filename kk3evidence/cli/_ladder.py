@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
+from kk3evidence.capture.ladder.run import LadderResult, Plan, Progress, load_plan, run_ladder
 from kk3evidence.errors import EXIT_OK
-from kk3evidence.ladder import LadderResult, Plan, Progress, load_plan, run_ladder
 
 from ._common import die, echo_json, handle_errors
 

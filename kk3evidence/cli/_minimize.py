@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
+from kk3evidence.capture.vllm_env import installed_arg_table
 from kk3evidence.errors import InputError, UsageError
-from kk3evidence.minimize import (
+from kk3evidence.handoff.minimize import (
     PlanOptions,
     build_plan,
-    installed_arg_table,
     minimize,
     plan_to_toml,
 )

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from kk3evidence._i18n import LANGS
 from kk3evidence.errors import InputError
-from kk3evidence.report import FORMATS, render_report
+from kk3evidence.handoff.report.i18n import LANGS
+from kk3evidence.handoff.report.markdown import FORMATS, render_report
 
 from ._common import handle_errors
 

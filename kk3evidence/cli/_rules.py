@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from kk3evidence.analysis.rules import Rule, load_rules
 from kk3evidence.errors import UsageError
-from kk3evidence.rules import Rule, load_rules
 
 from ._common import echo_json, handle_errors
 

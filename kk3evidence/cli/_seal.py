@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kk3evidence.bundle import seal, validate
+from kk3evidence.bundle.archive import seal, validate
 from kk3evidence.errors import BundleError, UsageError
 
 from ._common import handle_errors

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from kk3evidence.bundle import best_problem, iter_problems
+from kk3evidence.bundle.archive import best_problem, iter_problems
 from kk3evidence.errors import EXIT_INVALID, EXIT_OK
 from kk3evidence.model import Problem
 

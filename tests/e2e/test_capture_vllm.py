@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kk3evidence.bundle import open_bundle, validate
+from kk3evidence.bundle.archive import open_bundle, validate
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kk3evidence.ladder import Progress, load_plan, run_ladder
+from kk3evidence.capture.ladder.run import Progress, load_plan, run_ladder
 
 REPO = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI") == "true"
@@ -123,7 +123,7 @@ def test_ladder_names_the_longer_input_step_on_real_vllm(
     assert (recs[0].bundle, recs[1].bundle, recs[2].bundle) == (
         "step-00.tar", "step-01.tar", "step-01.tar",
     )  # fmt: skip
-    from kk3evidence.bundle import open_bundle, validate
+    from kk3evidence.bundle.archive import open_bundle, validate
 
     for name in ("step-00.tar", "step-01.tar"):
         assert validate(out / name) == []

@@ -1,0 +1,640 @@
+"""Rules as data: load ``rules/*.toml``, validate them, compile their patterns once.
+
+A rule file holds ``[[rule]]`` tables (format: ``docs/rules-format.md``, schema:
+``schemas/rule.schema.json``). :func:`load_rules` returns the shipped :class:`RuleSet`
+(cached); :func:`load_rule_files` loads any other files (tests, ``--rules``).
+
+``python -m kk3evidence.analysis.rules --doc`` prints ``docs/rules.md`` (generated).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+import tomllib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kk3evidence import _resources
+from kk3evidence.analysis.grammar import (
+    MAX_MATCH_CHARS,
+    CompiledPattern,
+    LogLine,
+    compile_pattern,
+    normalize_level,
+    parse_line,
+)
+from kk3evidence.errors import RuleError
+from kk3evidence.model import CATEGORIES, RULE_STATUSES, SEVERITIES, STAGES
+
+__all__ = [
+    "KINDS",
+    "Rule",
+    "RuleSet",
+    "StageHints",
+    "check_rules",
+    "iter_rule_problems",
+    "load_rule_files",
+    "load_rules",
+    "load_stage_hints",
+    "render_rules_doc",
+]
+
+KINDS: tuple[str, ...] = ("failure", "milestone", "consequence", "noise")
+_ID_RE = re.compile(r"^[A-Z][A-Z0-9]{1,9}\d{3}$")
+_NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+_MIN_ANCHOR = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One compiled rule. ``matches(line)`` returns the captures dict or ``None``."""
+
+    id: str
+    name: str
+    kind: str
+    stage: str | None
+    category: str | None
+    severity: str
+    status: str
+    summary: str
+    why: str
+    next_steps: tuple[str, ...]
+    anchors: tuple[str, ...]
+    pattern_sources: tuple[str, ...]
+    levels: frozenset[str] | None
+    match: tuple[str, ...]
+    no_match: tuple[str, ...]
+    consequence_of: frozenset[str] | None
+    when: str | None = None  # noise: "shutdown" = only after a requested shutdown
+    # milestone: "complete" (stage done), "ready" (the server answers: complete + serving starts
+    # at the next failure), "shutdown" (a stop was requested)
+    marks: str | None = None
+    scope: str = "line"  # "line" | "exception" (only traceback exception/detail lines)
+    fallback: bool = False  # only when no other rule claims the line
+    priority: int = 0
+    source: str = ""
+    order: int = 0
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def simple(self) -> bool:
+        """A milestone decided by its anchors alone (no pattern or level; at most a
+        ``complete`` mark): the fast path only needs its first and last line per block."""
+        return (
+            self.kind == "milestone"
+            and not self.pattern_sources
+            and self.levels is None
+            and self.marks in (None, "complete", "ready")
+            and self.scope == "line"
+        )
+
+    @property
+    def patterns(self) -> tuple[CompiledPattern, ...]:
+        """The compiled patterns (compiled on first use, shared across rules)."""
+        return tuple(_compiled(p) for p in self.pattern_sources)
+
+    def matches(self, line: LogLine) -> dict[str, str] | None:
+        if self.scope == "exception" and line.tb_role not in ("exception", "detail"):
+            return None
+        if line.tb_role in ("frame", "header", "separator"):
+            return None
+        if self.levels is not None and line.level is not None and line.level not in self.levels:
+            return None
+        body = line.body
+        if len(body) > MAX_MATCH_CHARS:
+            body = body[:MAX_MATCH_CHARS]
+        if self.anchors and not any(a in body for a in self.anchors):
+            return None
+        if not self.pattern_sources:
+            return {}
+        for pat in self.patterns:
+            caps = pat.search(body)
+            if caps is not None:
+                return caps
+        return None
+
+    def matches_text(self, text: str, *, exception_line: bool = False) -> dict[str, str] | None:
+        """Match one raw line on its own (envelope parsed, no traceback context)."""
+        line = parse_line(1, text)
+        if exception_line:
+            line = _as_exception(line)
+        return self.matches(line)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "kind": self.kind,
+            "stage": self.stage,
+            "category": self.category,
+            "severity": self.severity,
+            "status": self.status,
+            "summary": self.summary,
+            "why": self.why,
+            "next_steps": list(self.next_steps),
+            "anchors": list(self.anchors),
+            "pattern": list(self.pattern_sources),
+            "levels": sorted(self.levels) if self.levels is not None else None,
+            "match": list(self.match),
+            "no_match": list(self.no_match),
+            "consequence_of": sorted(self.consequence_of) if self.consequence_of else None,
+            "when": self.when,
+            "marks": self.marks,
+            "scope": self.scope,
+            "fallback": self.fallback,
+            "priority": self.priority,
+            "source": self.source,
+        }
+
+
+@functools.lru_cache(maxsize=8192)
+def _compiled(source: str) -> CompiledPattern:
+    return compile_pattern(source)
+
+
+def _as_exception(line: LogLine) -> LogLine:
+    from dataclasses import replace
+
+    return replace(line, tb_role="exception", tb_chain=0, tb_index=0)
+
+
+# Precedence when several rules claim one line: noise, consequence, failure, milestone;
+# then higher priority; fallback rules last; then file order.
+_KIND_RANK = {"noise": 0, "consequence": 1, "failure": 2, "milestone": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    rules: tuple[Rule, ...]
+    by_id: dict[str, Rule]
+    anchors: tuple[str, ...]  # every distinct anchor, index = anchor id
+    anchor_rules: tuple[tuple[Rule, ...], ...]  # anchor id -> rules (in precedence order)
+    anchorless: tuple[Rule, ...]  # exception-scope rules without anchors
+
+    def __iter__(self) -> Iterator[Rule]:
+        return iter(self.rules)
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def get(self, rule_id: str) -> Rule | None:
+        return self.by_id.get(rule_id)
+
+
+def _precedence(rule: Rule) -> tuple[int, int, int, int]:
+    return (int(rule.fallback), _KIND_RANK[rule.kind], -rule.priority, rule.order)
+
+
+def _build(rules: list[Rule]) -> RuleSet:
+    seen: dict[str, Rule] = {}
+    for r in rules:
+        if r.id in seen:
+            raise RuleError(
+                f"{r.source}: rule id {r.id} is also used in {seen[r.id].source}; ids must be "
+                "unique and are never reused"
+            )
+        seen[r.id] = r
+    ordered = sorted(rules, key=_precedence)
+    anchor_ids: dict[str, int] = {}
+    per_anchor: list[list[Rule]] = []
+    anchorless: list[Rule] = []
+    for r in ordered:
+        if not r.anchors:
+            anchorless.append(r)
+        for a in r.anchors:
+            if a not in anchor_ids:
+                anchor_ids[a] = len(per_anchor)
+                per_anchor.append([])
+            per_anchor[anchor_ids[a]].append(r)
+    return RuleSet(
+        rules=tuple(ordered),
+        by_id=dict(seen),
+        anchors=tuple(anchor_ids),
+        anchor_rules=tuple(tuple(x) for x in per_anchor),
+        anchorless=tuple(anchorless),
+    )
+
+
+def _as_list(v: Any) -> list[Any]:
+    if v is None:
+        return []
+    if isinstance(v, list):
+        return v
+    return [v]
+
+
+def _schema() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(_resources.read_text("schemas", "rule.schema.json"))
+    return data
+
+
+def iter_rule_problems(doc: dict[str, Any], source: str, *, strict: bool = True) -> Iterator[str]:
+    """Yield one located message per problem in a parsed rule file.
+
+    ``strict`` (the default; tests, ``--check``, user rule files) validates against
+    ``schemas/rule.schema.json`` and compiles every pattern. The shipped rules are loaded
+    non-strict at run time (the test suite has validated them): only the cheap semantic checks
+    run, and each pattern is compiled once, by the loader.
+    """
+    if strict:
+        import jsonschema  # type: ignore[import-untyped]
+
+        validator = jsonschema.Draft202012Validator(_schema())
+        for err in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
+            path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+            yield f"{source}: ${path}: {err.message}"
+    elif not isinstance(doc.get("rule"), list):
+        yield f"{source}: no [[rule]] tables"
+    for i, r in enumerate(doc.get("rule", []) if isinstance(doc.get("rule"), list) else []):
+        if not isinstance(r, dict):
+            continue
+        where = f"{source}: rule[{i}] {r.get('id', '?')}"
+        kind = r.get("kind")
+        if kind in ("failure", "consequence") and not r.get("category"):
+            yield f"{where}: a {kind} rule needs a category (one of {', '.join(CATEGORIES)})"
+        if kind in ("failure", "consequence", "milestone") and not r.get("stage"):
+            yield f"{where}: a {kind} rule needs a stage (one of {', '.join(STAGES)})"
+        if not r.get("anchors") and r.get("scope") != "exception":
+            yield f"{where}: give at least one literal anchor (the fast pre-filter needs it)"
+        for a in _as_list(r.get("anchors")):
+            if isinstance(a, str) and len(a) < _MIN_ANCHOR:
+                yield f"{where}: anchor {a!r} is shorter than {_MIN_ANCHOR} characters"
+            if isinstance(a, str) and ("\n" in a or "\r" in a):
+                yield f"{where}: anchor {a!r} spans lines; anchors are single-line literals"
+        if r.get("consequence_of") and kind != "consequence":
+            yield f"{where}: consequence_of is only for kind = 'consequence'"
+        if r.get("when") and kind != "noise":
+            yield f"{where}: when is only for kind = 'noise'"
+        if r.get("marks") and kind != "milestone":
+            yield f"{where}: marks is only for kind = 'milestone'"
+        if not _as_list(r.get("match")):
+            yield f"{where}: give at least one match example"
+        for field_name in ("id", "name", "kind", "summary"):
+            if not isinstance(r.get(field_name), str):
+                yield f"{where}: {field_name} is missing or not a string"
+        if kind not in KINDS:
+            yield f"{where}: kind must be one of {', '.join(KINDS)}"
+        if r.get("stage") is not None and r.get("stage") not in STAGES:
+            yield f"{where}: unknown stage {r.get('stage')!r}"
+        if r.get("category") is not None and r.get("category") not in CATEGORIES:
+            yield f"{where}: unknown category {r.get('category')!r}"
+        if r.get("severity") is not None and r.get("severity") not in SEVERITIES:
+            yield f"{where}: unknown severity {r.get('severity')!r}"
+        if r.get("status") is not None and r.get("status") not in RULE_STATUSES:
+            yield f"{where}: unknown status {r.get('status')!r}"
+        if not strict:
+            continue
+        for pat in _as_list(r.get("pattern")):
+            if not isinstance(pat, str):
+                continue
+            try:
+                compile_pattern(pat)
+            except RuleError as err:
+                yield f"{where}: {err}"
+
+
+def _compile_rule(r: dict[str, Any], source: str, order: int) -> Rule:
+    patterns = tuple(str(p) for p in _as_list(r.get("pattern")))
+    levels = r.get("levels")
+    lv = frozenset(normalize_level(x) or x for x in levels) if levels else None
+    cons = r.get("consequence_of")
+    return Rule(
+        id=r["id"],
+        name=r["name"],
+        kind=r["kind"],
+        stage=r.get("stage"),
+        category=r.get("category"),
+        severity=r.get("severity", "info" if r["kind"] in ("milestone", "noise") else "error"),
+        status=r.get("status", "experimental"),
+        summary=r.get("summary", ""),
+        why=r.get("why", ""),
+        next_steps=tuple(r.get("next_steps", [])),
+        anchors=tuple(r.get("anchors", [])),
+        pattern_sources=patterns,
+        levels=lv,
+        match=tuple(_as_list(r.get("match"))),
+        no_match=tuple(_as_list(r.get("no_match"))),
+        consequence_of=frozenset(cons) if cons else None,
+        when=r.get("when"),
+        marks=r.get("marks"),
+        scope=r.get("scope", "line"),
+        fallback=bool(r.get("fallback", False)),
+        priority=int(r.get("priority", 0)),
+        source=source,
+        order=order,
+        raw=dict(r),
+    )
+
+
+def _load_docs(docs: Iterable[tuple[str, str]], *, strict: bool = True) -> RuleSet:
+    rules: list[Rule] = []
+    problems: list[str] = []
+    for source, text in docs:
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise RuleError(f"{source}: not valid TOML ({err}); fix the file") from None
+        file_problems = list(iter_rule_problems(doc, source, strict=strict))
+        if file_problems:
+            problems.extend(file_problems)
+            continue
+        for r in doc.get("rule", []):
+            try:
+                rules.append(_compile_rule(r, source, len(rules)))
+            except (KeyError, TypeError, ValueError) as err:
+                raise RuleError(
+                    f"{source}: rule {r.get('id', '?')}: malformed ({err}); run "
+                    "'python -m kk3evidence.analysis.rules --check' for every problem"
+                ) from None
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise RuleError(problems[0] + more)
+    return _build(rules)
+
+
+def load_rule_files(
+    paths: Sequence[str | Path], *, strict: bool = True, with_shipped: bool = False
+) -> RuleSet:
+    """Load rule files (or every rule file ``*.toml`` in given folders), validated strictly.
+    ``with_shipped`` adds them to the shipped rules (ids must stay unique)."""
+    docs: list[tuple[str, str]] = []
+    for p in paths:
+        path = Path(p)
+        files = sorted(path.glob("*.toml")) if path.is_dir() else [path]
+        for f in files:
+            try:
+                text = f.read_text(encoding="utf-8")
+            except OSError as err:
+                raise RuleError(f"{f}: cannot read rule file ({err.strerror})") from None
+            if path.is_dir() and not _is_rule_doc(text):
+                continue
+            docs.append((f.name if path.is_dir() else str(f), text))
+    if with_shipped:
+        shipped = load_rules()
+        extra = _load_docs(docs, strict=strict)
+        return _build([*shipped.rules, *extra.rules])
+    return _load_docs(docs, strict=strict)
+
+
+RULES_SCHEMA = "kk3evidence/rules/v1"
+
+
+def _is_rule_doc(text: str) -> bool:
+    """Other data files may live in ``rules/`` (they declare their own ``schema``)."""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("schema") and "=" in line:
+            return RULES_SCHEMA in line
+        if line.startswith("[[rule]]"):
+            return True
+    return "[[rule]]" in text
+
+
+def _shipped_docs() -> list[tuple[str, str]]:
+    docs: list[tuple[str, str]] = []
+    for node in sorted(_resources.data_dir("rules").iterdir(), key=lambda t: t.name):
+        if node.is_file() and node.name.endswith(".toml"):
+            text = node.read_text(encoding="utf-8")
+            if _is_rule_doc(text):
+                docs.append((node.name, text))
+    return docs
+
+
+@functools.lru_cache(maxsize=1)
+def load_rules() -> RuleSet:
+    """The rules shipped with kk3evidence (top-level ``rules/*.toml`` rule files), compiled
+    once and cached. (The test suite and ``--check`` validate them against the schema.)"""
+    return _load_docs(_shipped_docs(), strict=False)
+
+
+def check_rules() -> RuleSet:
+    """The shipped rules, validated strictly (schema, every pattern)."""
+    return _load_docs(_shipped_docs(), strict=True)
+
+
+# --------------------------------------------------------------------------------------------
+# rules/stage-hints.toml
+# --------------------------------------------------------------------------------------------
+
+STAGE_HINTS_SCHEMA = "kk3evidence/stage-hints/v1"
+_HINT_KEYS = frozenset({"stage", "frame", "line"})
+_HINTS_TOP = frozenset(
+    {"schema", "context_categories", "fixed_rules", "window_before", "window_after", "hint"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StageHints:
+    """Where a context-dependent failure happened: see ``rules/stage-hints.toml``."""
+
+    context_categories: frozenset[str] = frozenset()
+    fixed_rules: frozenset[str] = frozenset()
+    window_before: int = 0
+    window_after: int = 0
+    frame: tuple[tuple[str, str], ...] = ()  # (substring of a frame line, stage)
+    line: tuple[tuple[str, str], ...] = ()  # (substring of a nearby line, stage)
+    # Derived from ``frame``: function names (``in <name>`` hints) and the other substrings.
+    frame_funcs: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    frame_subs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.frame and not self.frame_funcs and not self.frame_subs:
+            subs: list[tuple[str, str]] = []
+            for needle, stage in self.frame:
+                if needle.startswith("in ") and " " not in needle[3:]:
+                    self.frame_funcs.setdefault(needle[3:], stage)
+                else:
+                    subs.append((needle, stage))
+            object.__setattr__(self, "frame_subs", tuple(subs))
+
+    def frame_stage(self, body: str) -> str | None:
+        """The stage hinted by a traceback frame line: ``in <name>`` hints match the frame's
+        function name exactly (and win), other hints are substrings of the line."""
+        at = body.rfind(", in ")
+        if at >= 0:
+            got = self.frame_funcs.get(body[at + 5 :].strip())
+            if got is not None:
+                return got
+        for needle, stage in self.frame_subs:
+            if needle in body:
+                return stage
+        return None
+
+    def line_stage(self, body: str) -> str | None:
+        for needle, stage in self.line:
+            if needle in body:
+                return stage
+        return None
+
+
+def _str_list(v: Any, what: str, source: str) -> list[str]:
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise RuleError(f"{source}: {what} must be a list of non-empty strings")
+    return list(v)
+
+
+def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> StageHints:
+    """Validate and build :class:`StageHints` from the TOML text (one-line RuleError)."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise RuleError(f"{source}: not valid TOML ({err}); fix the file") from None
+    if doc.get("schema") != STAGE_HINTS_SCHEMA:
+        raise RuleError(f"{source}: schema must be {STAGE_HINTS_SCHEMA!r}")
+    unknown = sorted(set(doc) - _HINTS_TOP)
+    if unknown:
+        raise RuleError(f"{source}: unknown key {unknown[0]!r}")
+    cats = _str_list(doc.get("context_categories", []), "context_categories", source)
+    bad = [c for c in cats if c not in CATEGORIES]
+    if bad:
+        raise RuleError(f"{source}: unknown category {bad[0]!r} in context_categories")
+    fixed = _str_list(doc.get("fixed_rules", []), "fixed_rules", source)
+    windows: list[int] = []
+    for key in ("window_before", "window_after"):
+        v = doc.get(key, 0)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 500:
+            raise RuleError(f"{source}: {key} must be an integer from 0 to 500")
+        windows.append(v)
+    frame: list[tuple[str, str]] = []
+    line: list[tuple[str, str]] = []
+    hints = doc.get("hint", [])
+    if not isinstance(hints, list):
+        raise RuleError(f"{source}: hint must be an array of tables ([[hint]])")
+    for i, h in enumerate(hints):
+        where = f"hint #{i + 1}"
+        if not isinstance(h, dict):
+            raise RuleError(f"{source}: {where} must be a table")
+        extra = sorted(set(h) - _HINT_KEYS)
+        if extra:
+            raise RuleError(f"{source}: {where}: unknown key {extra[0]!r}")
+        stage = h.get("stage")
+        if stage not in STAGES:
+            raise RuleError(f"{source}: {where}: stage {stage!r} is not one of {list(STAGES)}")
+        frame += [(x, stage) for x in _str_list(h.get("frame", []), f"{where}: frame", source)]
+        line += [(x, stage) for x in _str_list(h.get("line", []), f"{where}: line", source)]
+    return StageHints(
+        context_categories=frozenset(cats),
+        fixed_rules=frozenset(fixed),
+        window_before=windows[0],
+        window_after=windows[1],
+        frame=tuple(frame),
+        line=tuple(line),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def load_stage_hints() -> StageHints:
+    """The shipped ``rules/stage-hints.toml`` (validated, cached)."""
+    node = _resources.data_dir("rules").joinpath("stage-hints.toml")
+    try:
+        text = node.read_text(encoding="utf-8")
+    except OSError:
+        return StageHints()
+    return parse_stage_hints(text)
+
+
+# --------------------------------------------------------------------------------------------
+# docs/rules.md
+# --------------------------------------------------------------------------------------------
+
+DOC_COMMAND = "python -m kk3evidence.analysis.rules --doc > docs/rules.md"
+
+
+def _md_escape(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+def render_rules_doc(ruleset: RuleSet | None = None) -> str:
+    """The generated ``docs/rules.md``: every rule, grouped by file, in id order."""
+    rs = ruleset if ruleset is not None else load_rules()
+    by_file: dict[str, list[Rule]] = {}
+    for r in sorted(rs.rules, key=lambda r: (r.source, r.id)):
+        by_file.setdefault(r.source, []).append(r)
+    out: list[str] = [
+        "# Rules",
+        "",
+        f"<!-- Generated from rules/*.toml by `{DOC_COMMAND}`. Do not edit by hand. -->",
+        "",
+        "Every rule is data in `rules/<family>.toml` (format: [rules-format.md](rules-format.md)).",
+        "Failure rules state a failure; consequence rules only report an earlier one; milestones",
+        "mark healthy progress through the stages; noise rules claim known harmless lines so they",
+        "never count. `pytest -k <ID>` runs one rule's examples.",
+        "",
+        f"{len(rs.rules)} rules: "
+        + ", ".join(f"{sum(1 for r in rs.rules if r.kind == k)} {k}" for k in KINDS)
+        + ".",
+        "",
+        "| id | name | kind | stage | category | severity | status |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for rules in by_file.values():
+        for r in rules:
+            out.append(
+                f"| [{r.id}](#{r.id.lower()}) | {r.name} | {r.kind} | {r.stage or ''} | "
+                f"{r.category or ''} | {r.severity} | {r.status} |"
+            )
+    out.append("")
+    for source, rules in by_file.items():
+        out += [f"## {source}", ""]
+        for r in rules:
+            out += [f"### {r.id}", "", f"**{r.name}** — {_md_escape(r.summary)}", ""]
+            facts = [f"kind `{r.kind}`"]
+            if r.stage:
+                facts.append(f"stage `{r.stage}`")
+            if r.category:
+                facts.append(f"category `{r.category}`")
+            facts += [f"severity `{r.severity}`", f"status `{r.status}`"]
+            if r.levels:
+                facts.append("levels " + ", ".join(f"`{x}`" for x in sorted(r.levels)))
+            if r.when:
+                facts.append(f"only when `{r.when}`")
+            if r.marks:
+                facts.append(f"marks `{r.marks}`")
+            if r.scope != "line":
+                facts.append(f"scope `{r.scope}`")
+            if r.fallback:
+                facts.append("fallback")
+            if r.consequence_of:
+                facts.append(
+                    "consequence of " + ", ".join(f"`{c}`" for c in sorted(r.consequence_of))
+                )
+            out += ["- " + "; ".join(facts), ""]
+            if r.why:
+                out += [f"**Why it matters.** {r.why}", ""]
+            if r.next_steps:
+                out += ["**Next steps.**", ""] + [f"1. {s}" for s in r.next_steps] + [""]
+            if r.anchors:
+                out += ["Anchors: " + ", ".join(f"`{a}`" for a in r.anchors), ""]
+            for src in r.pattern_sources:
+                out += [f"Pattern: `{src}`", ""]
+            if r.match:
+                out += ["Matches:", "", "```text", *r.match, "```", ""]
+            if r.no_match:
+                out += ["Does not match:", "", "```text", *r.no_match, "```", ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--doc"]:
+        sys.stdout.write(render_rules_doc())
+        return 0
+    if args[:1] == ["--check"]:
+        try:
+            rs = check_rules()
+        except RuleError as err:
+            sys.stderr.write(f"kk3evidence: error: {err}\n")
+            return 4
+        sys.stdout.write(f"{len(rs)} rules OK\n")
+        return 0
+    sys.stderr.write("usage: python -m kk3evidence.analysis.rules --doc | --check\n")
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

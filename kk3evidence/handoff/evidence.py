@@ -1,0 +1,250 @@
+"""One bundle's evidence, read once into memory for diff, check, report and compare.
+
+The comparison modules work on plain dicts (the JSON shapes of docs/architecture.md), so they
+can be tested without a tar file and never depend on how a bundle is stored. ``load`` reads a
+bundle through :func:`kk3evidence.bundle.open_bundle` (which verifies safety and hashes first),
+keeps the small JSON members, a window of log lines around the first causal failure and the
+per-line receive times, and runs the analyzer when the bundle carries no ``analysis.json``.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kk3evidence.errors import BundleError, InputError
+
+#: lines of log kept before and after the first causal failure
+WINDOW_BEFORE = 12
+WINDOW_AFTER = 8
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    line_no: int  # 1-based in logs/combined.log
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the hand-off modules need from one bundle (all fields plain JSON-like data)."""
+
+    source: str
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+    fingerprint: Mapping[str, Any] = field(default_factory=dict)
+    launch: Mapping[str, Any] = field(default_factory=dict)
+    notes: Mapping[str, Any] = field(default_factory=dict)
+    analysis: Mapping[str, Any] | None = None
+    requests: tuple[Mapping[str, Any], ...] = ()
+    metrics: Mapping[str, str] = field(default_factory=dict)
+    log_window: tuple[LogLine, ...] = ()
+    log_tail: tuple[LogLine, ...] = ()
+    line_times: Mapping[int, float] = field(default_factory=dict)  # line_no -> wall seconds
+
+    @property
+    def label(self) -> str:
+        return Path(self.source).name or self.source
+
+    @property
+    def argv(self) -> list[str]:
+        argv = self.launch.get("argv")
+        return [str(a) for a in argv] if isinstance(argv, list) else []
+
+    @property
+    def first_failure(self) -> Mapping[str, Any] | None:
+        if not self.analysis:
+            return None
+        ff = self.analysis.get("first_failure")
+        return ff if isinstance(ff, Mapping) else None
+
+    @property
+    def last_stage_reached(self) -> str | None:
+        stage: Any = None
+        if self.analysis:
+            stage = self.analysis.get("last_stage_reached")
+        if stage is None:
+            reached = self.launch.get("stages_reached")
+            if isinstance(reached, list) and reached:
+                stage = reached[-1]
+        return str(stage) if stage is not None else None
+
+
+def from_dicts(
+    source: str,
+    *,
+    manifest: Mapping[str, Any] | None = None,
+    fingerprint: Mapping[str, Any] | None = None,
+    launch: Mapping[str, Any] | None = None,
+    notes: Mapping[str, Any] | None = None,
+    analysis: Mapping[str, Any] | None = None,
+    requests: Sequence[Mapping[str, Any]] = (),
+    metrics: Mapping[str, str] | None = None,
+    log_lines: Iterable[str] | None = None,
+) -> Evidence:
+    """Build an :class:`Evidence` from member dicts (tests, other tools, already-open bundles)."""
+    window: tuple[LogLine, ...] = ()
+    tail: tuple[LogLine, ...] = ()
+    if log_lines is not None:
+        ff = (analysis or {}).get("first_failure") if analysis else None
+        target = int(ff["line_no"]) if isinstance(ff, Mapping) and "line_no" in ff else None
+        window, tail = _windows((s.encode() for s in log_lines), target)
+    return Evidence(
+        source=source,
+        manifest=dict(manifest or {}),
+        fingerprint=dict(fingerprint or {}),
+        launch=dict(launch or {}),
+        notes=dict(notes or {}),
+        analysis=dict(analysis) if analysis is not None else None,
+        requests=tuple(dict(r) for r in requests),
+        metrics=dict(metrics or {}),
+        log_window=window,
+        log_tail=tail,
+    )
+
+
+def _decode(raw: bytes) -> str:
+    text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    # tqdm bars rewrite one line with \r: keep only the last state for display.
+    if "\r" in text:
+        text = text.rsplit("\r", 1)[-1]
+    return text
+
+
+def _windows(
+    lines: Iterable[bytes], target: int | None
+) -> tuple[tuple[LogLine, ...], tuple[LogLine, ...]]:
+    """One streaming pass: the lines around ``target`` and the last lines of the log."""
+    before: collections.deque[LogLine] = collections.deque(maxlen=WINDOW_BEFORE)
+    tail: collections.deque[LogLine] = collections.deque(maxlen=WINDOW_BEFORE)
+    window: list[LogLine] = []
+    for no, raw in enumerate(lines, start=1):
+        line = LogLine(no, _decode(raw))
+        tail.append(line)
+        if target is None:
+            continue
+        if no < target:
+            before.append(line)
+        elif no == target:
+            window = [*before, line]
+        elif no <= target + WINDOW_AFTER:
+            window.append(line)
+    return tuple(window), tuple(tail)
+
+
+def _line_times(bundle: Any) -> dict[int, float]:
+    """Map line number -> receive wall time (seconds) from ``logs/lines.tsv``, if present."""
+    out: dict[int, float] = {}
+    try:
+        stream = bundle.open_member("logs/lines.tsv")
+    except (KeyError, FileNotFoundError, BundleError, InputError):
+        return out
+    with stream:
+        for no, raw in enumerate(stream):
+            if no == 0:
+                continue  # header row
+            parts = raw.decode("utf-8", errors="replace").rstrip("\n").split("\t")
+            if len(parts) >= 3:
+                try:
+                    out[no] = int(parts[2]) / 1e9
+                except ValueError:
+                    continue
+    return out
+
+
+def load(path: str | Path) -> Evidence:
+    """Read a bundle (verified) into an :class:`Evidence`; analyse its log when needed."""
+    from kk3evidence.bundle.archive import open_bundle
+
+    source = str(path)
+    with open_bundle(path) as bundle:
+        analysis = bundle.analysis
+        if analysis is None:
+            analysis = _analyze(bundle, source)
+        ff = analysis.get("first_failure") if analysis else None
+        target = int(ff["line_no"]) if isinstance(ff, Mapping) and "line_no" in ff else None
+        try:
+            window, tail = _windows(bundle.iter_log_lines(), target)
+        except (KeyError, FileNotFoundError):
+            window, tail = (), ()
+        metrics: dict[str, str] = {}
+        labels = bundle.metrics_labels() if hasattr(bundle, "metrics_labels") else [
+            "before", "after"]
+        for label in labels:
+            text = bundle.metrics(label)
+            if text is not None:
+                metrics[label] = text
+        return Evidence(
+            source=source,
+            manifest=bundle.manifest or {},
+            fingerprint=bundle.fingerprint or {},
+            launch=bundle.launch or {},
+            notes=bundle.notes or {},
+            analysis=analysis,
+            requests=tuple(bundle.requests()),
+            metrics=metrics,
+            log_window=window,
+            log_tail=tail,
+            line_times=_line_times(bundle),
+        )
+
+
+def _analyze(bundle: Any, source: str) -> dict[str, Any] | None:
+    """Analyse the bundle's combined log when no ``analysis.json`` was stored."""
+    try:
+        from kk3evidence.analysis.engine import analyze
+    except ImportError:  # analyzer not installed in this build
+        return None
+    try:
+        result = analyze(bundle.iter_log_lines())
+    except (KeyError, FileNotFoundError):
+        return None
+    data: dict[str, Any] = result.to_json()
+    data["source"] = source
+    return data
+
+
+def dig(obj: Any, dotted: str) -> Any:
+    """``obj["a"]["b"]`` for ``"a.b"``, or None as soon as a level is missing or not a mapping."""
+    cur = obj
+    for part in dotted.split("."):
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def coerce(item: Evidence | str | Path) -> Evidence:
+    return item if isinstance(item, Evidence) else load(item)
+
+
+def other_gpu_processes(ev: Evidence) -> list[str]:
+    """Processes of other jobs on the GPUs. ``notes.cluster.gpu_processes`` (written by capture,
+    which already left out the server's own process group) wins; otherwise the fingerprint's
+    per-GPU processes minus the launched pid."""
+    cluster = ev.notes.get("cluster")
+    noted = cluster.get("gpu_processes") if isinstance(cluster, Mapping) else None
+    out: list[str] = []
+    if isinstance(noted, list) and noted:
+        for p in noted:
+            if isinstance(p, Mapping):
+                used = p.get("used_memory_bytes")
+                mem = f", {used / 2**30:.1f} GiB" if isinstance(used, int | float) else ""
+                out.append(f"GPU{p.get('gpu_index', '?')}: pid {p.get('pid')} "
+                           f"{p.get('name') or ''}{mem}".replace("  ", " ").rstrip())
+            else:
+                out.append(str(p))
+        return out
+    ours = {ev.launch.get("pid")}
+    for d in (ev.fingerprint.get("gpus") or {}).get("devices") or []:
+        if not isinstance(d, Mapping):
+            continue
+        for p in d.get("processes") or []:
+            if isinstance(p, Mapping) and p.get("pid") not in ours:
+                used = p.get("used_memory_bytes")
+                mem = f", {used / 2**30:.1f} GiB" if isinstance(used, int | float) else ""
+                out.append(f"GPU{d.get('index')}: pid {p.get('pid')} {p.get('name') or ''}"
+                           f"{mem}".rstrip())
+    return out

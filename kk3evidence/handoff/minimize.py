@@ -1,0 +1,621 @@
+"""``minimize``: the minimal start command and a ladder plan that restores one variable a step.
+
+The guide (seed: 최소 시작 명령 / 단일 요청 기준선 / 기능 변수의 단계적 복구): strip agent
+wrappers, tool-call parsers, stress scripts and long-input generators; keep only what starts the
+engine; send one fixed request; then restore features one at a time — prefix caching, longer
+input, larger output cap, concurrency, multi-node, tool calls — keeping both logs each round and
+going back to the last stable baseline when the failure changes.
+
+Every flag of the given command is classified (``data/flag-classes.toml``) as ``needed`` /
+``feature`` / ``load`` / ``multi-node`` / ``observability`` / ``business-wrapper`` using vLLM's own
+argument list (the shipped table, or one extracted live from the installed vLLM with
+:func:`installed_arg_table`). :func:`build_plan` turns the result into a ladder plan: step 0 is
+the minimal command with the guide's fixed request; each later step changes exactly one variable
+(a flag group or one property of the request) and carries the full command and its request.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from kk3evidence import _resources
+from kk3evidence._version import __version__
+from kk3evidence.errors import InputError
+from kk3evidence.vllm_args import (
+    ArgTable,
+    FlagValue,
+    ServeCommand,
+    load_arg_table,
+    parse_serve_argv,
+    render_argv,
+    render_shell,
+)
+
+__all__ = [
+    "FIXED_PROMPT",
+    "FLAG_CLASSES",
+    "PLAN_SCHEMA",
+    "ClassifiedFlag",
+    "Minimized",
+    "PlanOptions",
+    "PlanStep",
+    "RequestSpec",
+    "build_plan",
+    "classify_flags",
+    "load_flag_classes",
+    "minimize",
+    "plan_to_toml",
+]
+
+PLAN_SCHEMA = "kk3evidence/ladder-plan/v1"
+FLAG_CLASSES: tuple[str, ...] = (
+    "needed",
+    "feature",
+    "load",
+    "multi-node",
+    "observability",
+    "business-wrapper",
+    "unknown",
+)
+#: SPEC §5: the guide's own fixed request text
+FIXED_PROMPT = "고정된 짧은 테스트 문장에 답하세요."
+FIXED_MAX_TOKENS = 128
+#: flags whose value is a secret: written to the plan as an environment reference
+_SECRET_FLAGS = {"api-key": "VLLM_API_KEY", "hf-token": "HF_TOKEN"}
+
+
+# --------------------------------------------------------------------------------------------
+# Classification
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FlagRule:
+    cls: str
+    why: str
+    step: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlagClasses:
+    flags: Mapping[str, FlagRule]
+    groups: Mapping[str, FlagRule]
+
+    def rule_for(self, name: str, group: str | None) -> FlagRule:
+        if name in self.flags:
+            return self.flags[name]
+        if group is not None and group in self.groups:
+            return self.groups[group]
+        return FlagRule("feature", "a vLLM option not needed to start the engine")
+
+
+def load_flag_classes(text: str | None = None) -> FlagClasses:
+    """The shipped ``data/flag-classes.toml`` (or ``text``), validated."""
+    source = "data/flag-classes.toml"
+    if text is None:
+        text = _resources.read_text("data", "flag-classes.toml")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{source}: not valid TOML ({exc})") from None
+
+    def rules(key: str) -> dict[str, FlagRule]:
+        out: dict[str, FlagRule] = {}
+        for name, raw in (doc.get(key) or {}).items():
+            cls = raw.get("class") if isinstance(raw, dict) else None
+            if cls not in FLAG_CLASSES:
+                raise InputError(
+                    f"{source}: {key}.{name}: class must be one of {', '.join(FLAG_CLASSES)}"
+                )
+            out[name] = FlagRule(str(cls), str(raw.get("why", "")), raw.get("step"))
+        return out
+
+    return FlagClasses(flags=rules("flag"), groups=rules("group"))
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifiedFlag:
+    """One flag of the source command, its class, why, and the ladder variable that restores it."""
+
+    name: str
+    value: FlagValue
+    cls: str
+    why: str
+    variable: str  # ladder step variable (flags with the same variable are restored together)
+    group: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "flag": self.name,
+            "value": list(self.value) if isinstance(self.value, tuple) else self.value,
+            "class": self.cls,
+            "why": self.why,
+            "variable": self.variable,
+            "group": self.group,
+        }
+
+
+def classify_flags(
+    cmd: ServeCommand, table: ArgTable, classes: FlagClasses | None = None
+) -> list[ClassifiedFlag]:
+    """Classify every flag of ``cmd`` (in its order)."""
+    classes = classes or load_flag_classes()
+    out: list[ClassifiedFlag] = []
+    for name, value in cmd.flags.items():
+        spec = table.spec(name)
+        if spec is None:
+            out.append(
+                ClassifiedFlag(
+                    name,
+                    value,
+                    "unknown",
+                    f"not an option of vLLM {table.vllm_version}: vLLM would refuse to start "
+                    "with it; it is left out (if your vLLM accepts it, rerun with "
+                    "--from-installed)",
+                    name,
+                )
+            )
+            continue
+        rule = classes.rule_for(name, spec.group)
+        why = rule.why
+        if name in ("tensor-parallel-size", "pipeline-parallel-size") and _as_int(value) > 1:
+            why += "; kept at the production value"
+        out.append(ClassifiedFlag(name, value, rule.cls, why, rule.step or name, spec.group))
+    return out
+
+
+def _as_int(v: FlagValue) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+# --------------------------------------------------------------------------------------------
+# Minimize
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Minimized:
+    source: ServeCommand
+    minimal: ServeCommand
+    kept: tuple[ClassifiedFlag, ...]
+    removed: tuple[ClassifiedFlag, ...]
+    table_source: str
+
+    @property
+    def minimal_argv(self) -> list[str]:
+        return render_argv(self.minimal)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source_argv": render_argv(self.source),
+            "minimal_argv": self.minimal_argv,
+            "kept": [k.to_json() for k in self.kept],
+            "removed": [r.to_json() for r in self.removed],
+            "unknown_tokens": list(self.source.unknown),
+            "vllm_args_table": self.table_source,
+        }
+
+
+def minimize(
+    argv: Sequence[str], *, table: ArgTable | None = None, classes: FlagClasses | None = None
+) -> Minimized:
+    """Keep the model and the ``needed`` flags; list every removed flag with its class and why."""
+    table = table or load_arg_table()
+    cmd = parse_serve_argv(argv, table)
+    if cmd.model is None:
+        raise InputError(
+            "the command names no model; give it as 'vllm serve MODEL ...' (a --config file "
+            "is not expanded: put its options on the command line)"
+        )
+    classified = classify_flags(cmd, table, classes)
+    kept = tuple(c for c in classified if c.cls == "needed")
+    removed = tuple(c for c in classified if c.cls != "needed")
+    minimal = cmd.replace(drop=[c.name for c in removed])
+    minimal = ServeCommand(
+        program=minimal.program,
+        model=minimal.model,
+        flags=minimal.flags,
+        unknown=(),
+        env=minimal.env,
+        table=table,
+    )
+    return Minimized(cmd, minimal, kept, removed, table.source or "shipped table")
+
+
+# --------------------------------------------------------------------------------------------
+# The ladder plan
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """What a step sends once the server is ready.
+
+    ``input_tokens`` > 0 replaces the fixed prompt by a deterministic prompt of about that many
+    tokens (one common English word each); ``repeat`` sends it again sequentially (the same
+    prompt: a prefix-cache probe); ``concurrency`` sends that many at once; ``tools`` attaches a
+    small function-tool definition with ``tool_choice: "auto"``.
+    """
+
+    prompt: str = FIXED_PROMPT
+    input_tokens: int = 0
+    max_tokens: int = FIXED_MAX_TOKENS
+    temperature: float = 0.0
+    concurrency: int = 1
+    repeat: int = 1
+    tools: bool = False
+    model: str | None = None  # None: the served name from /v1/models
+
+    def describe(self) -> str:
+        parts = [
+            f"input {'~' + str(self.input_tokens) + ' tokens' if self.input_tokens else 'fixed'}",
+            f"max_tokens {self.max_tokens}",
+        ]
+        if self.concurrency > 1:
+            parts.append(f"concurrency {self.concurrency}")
+        if self.repeat > 1:
+            parts.append(f"sent {self.repeat}x")
+        if self.tools:
+            parts.append("with tools")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "prompt": self.prompt,
+            "input_tokens": self.input_tokens,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "concurrency": self.concurrency,
+            "repeat": self.repeat,
+            "tools": self.tools,
+        }
+        if self.model is not None:
+            out["model"] = self.model
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], base: RequestSpec | None = None) -> RequestSpec:
+        b = base or cls()
+        return cls(
+            prompt=str(obj.get("prompt", b.prompt)),
+            input_tokens=int(obj.get("input_tokens", b.input_tokens)),
+            max_tokens=int(obj.get("max_tokens", b.max_tokens)),
+            temperature=float(obj.get("temperature", b.temperature)),
+            concurrency=int(obj.get("concurrency", b.concurrency)),
+            repeat=int(obj.get("repeat", b.repeat)),
+            tools=bool(obj.get("tools", b.tools)),
+            model=obj.get("model", b.model),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    id: int
+    variable: str
+    from_: str
+    to: str
+    argv: tuple[str, ...]
+    request: RequestSpec
+    why: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    kind: str = "argv"  # argv | request | baseline
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "variable": self.variable,
+            "kind": self.kind,
+            "from": self.from_,
+            "to": self.to,
+            "why": self.why,
+            "argv": list(self.argv),
+        }
+        if self.env:
+            out["env"] = dict(self.env)
+        out["request"] = self.request.to_json()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    long_input_tokens: int | None = None  # default: 3/4 of the context length (8192 if unknown)
+    large_max_tokens: int = 4096
+    concurrency: int | None = None  # default: the command's --max-num-seqs, else 32
+    prefix_probe_tokens: int = 256
+
+
+def _fmt_value(name: str, v: FlagValue) -> str:
+    if v is None:
+        return "absent"
+    if isinstance(v, bool):
+        return f"--{name}" if v else f"--no-{name}"
+    if isinstance(v, tuple):
+        return f"--{name} " + " ".join(str(x) for x in v)
+    return f"--{name} {v}"
+
+
+def _secret_ref(name: str, value: FlagValue) -> FlagValue:
+    env = _SECRET_FLAGS.get(name)
+    if env is None:
+        return value
+    if isinstance(value, tuple):
+        return tuple(f"${{{env}}}" for _ in value)
+    return f"${{{env}}}"
+
+
+def build_plan(
+    mini: Minimized, options: PlanOptions | None = None, *, created: str | None = None
+) -> dict[str, Any]:
+    """The ladder plan (a JSON-like dict; see ``schemas/ladder-plan.schema.json``)."""
+    opts = options or PlanOptions()
+    table = mini.source.table
+    order = list(mini.source.flags)  # restored flags go back to their production position
+    current: dict[str, FlagValue] = dict(mini.minimal.flags)
+    steps: list[PlanStep] = []
+    req = RequestSpec()
+    # Secret-looking environment values go into the plan by name only.
+    env = {k: f"${{{k}}}" if _secret_env(k) else v for k, v in mini.source.env.items()}
+
+    def argv_now() -> tuple[str, ...]:
+        flags = {n: _secret_ref(n, current[n]) for n in order if n in current}
+        cmd = ServeCommand(
+            program=mini.source.program, model=mini.source.model, flags=flags, table=table
+        )
+        return tuple(render_argv(cmd))
+
+    def add(variable: str, kind: str, frm: str, to: str, why: str) -> None:
+        steps.append(
+            PlanStep(len(steps), variable, frm, to, argv_now(), req, why, env=env, kind=kind)
+        )
+
+    add(
+        "baseline",
+        "baseline",
+        "production command",
+        "minimal command, fixed request",
+        "the guide: keep only what starts the engine and send one fixed request "
+        "(same input, output cap, temperature, path every time)",
+    )
+
+    by_var: dict[str, list[ClassifiedFlag]] = {}
+    for c in mini.removed:
+        if c.cls != "unknown":
+            by_var.setdefault(c.variable, []).append(c)
+
+    def restore(variable: str, why: str | None = None) -> bool:
+        group = by_var.pop(variable, None)
+        if not group:
+            return False
+        frm = "absent" if len(group) == 1 else f"{len(group)} flags absent"
+        to = " ".join(_fmt_value(c.name, _secret_ref(c.name, c.value)) for c in group)
+        for c in group:
+            current[c.name] = c.value
+        add(variable, "argv", frm, to, why or group[0].why)
+        return True
+
+    src = mini.source
+    context = src.get("max-model-len")
+    context_len = context if isinstance(context, int) and context > 0 else None
+    block = src.block_size or 16
+
+    # 1. prefix caching: first the same long prompt twice without the cache (a request-only
+    #    step on the baseline server), then the flag alone with that same request
+    if "prefix-caching" in by_var:
+        probe = max(2 * block + 16, opts.prefix_probe_tokens)
+        if context_len:
+            probe = max(block + 8, min(probe, context_len - req.max_tokens - 64))
+        req = replace(req, input_tokens=probe, repeat=2)
+        add(
+            "prefix-probe",
+            "request",
+            "fixed prompt once",
+            f"the same ~{probe}-token prompt twice",
+            "the prefix-cache probe without the cache: the request the next step repeats with "
+            "caching on (the guide: does a request that worked without the cache fail with it?)",
+        )
+        restore(
+            "prefix-caching",
+            "the guide: prefix caching is never in the first baseline; add "
+            "--enable-prefix-caching alone with the same prompt (longer than one KV block) sent "
+            "twice; compare both logs and whether the second request hits the cache",
+        )
+
+    # 2. context length (the server side of a longer input)
+    restore("context-length")
+
+    # 3. longer input
+    long_in = opts.long_input_tokens
+    if long_in is None:
+        long_in = int(context_len * 0.75) if context_len else 8192
+    if context_len:
+        long_in = max(1, min(long_in, context_len - opts.large_max_tokens - 64))
+    if long_in > req.input_tokens:
+        before = req
+        req = replace(req, input_tokens=long_in, repeat=1)
+        add(
+            "input_tokens",
+            "request",
+            f"{before.input_tokens or 'fixed prompt'}",
+            f"~{long_in} tokens",
+            "the guide: increase only the input length",
+        )
+
+    # 4. larger output cap
+    if opts.large_max_tokens > req.max_tokens:
+        before_mt = req.max_tokens
+        req = replace(req, max_tokens=opts.large_max_tokens)
+        add(
+            "max_tokens",
+            "request",
+            str(before_mt),
+            str(opts.large_max_tokens),
+            "the guide: increase only the output cap",
+        )
+
+    # 5. the server's load settings, one at a time, then concurrency
+    for var in [v for v, cs in list(by_var.items()) if cs[0].cls == "load"]:
+        restore(var)
+    seqs = src.get("max-num-seqs")
+    conc = opts.concurrency or (seqs if isinstance(seqs, int) and seqs > 1 else 32)
+    if conc > 1:
+        req = replace(req, concurrency=conc)
+        add(
+            "concurrency",
+            "request",
+            "1",
+            str(conc),
+            "the guide: increase only the concurrency (N identical requests at once)",
+        )
+
+    # 6. multi-node
+    restore(
+        "multi-node",
+        "the guide: add multi-node communication alone, after a stable single node; restored "
+        "as one variable because these flags only work together (start the other nodes too)",
+    )
+
+    # 7. agent tool calls: the parser first (argv), then a request that uses tools
+    if restore("tool-calls"):
+        req = replace(req, tools=True)
+        add(
+            "tools",
+            "request",
+            "no tools",
+            "tools + tool_choice auto",
+            "the guide: add agent tool calls alone (same server, a request with a tool)",
+        )
+
+    # 8. other features, then observability, then the business wrapper (last)
+    for wanted in ("feature", "multi-node", "load", "observability", "business-wrapper"):
+        for var in [v for v, cs in list(by_var.items()) if cs[0].cls == wanted]:
+            restore(var)
+
+    plan: dict[str, Any] = {
+        "schema": PLAN_SCHEMA,
+        "plan": {
+            "created": created or datetime.now(UTC).isoformat(timespec="seconds"),
+            "tool": f"kk3evidence {__version__}",
+            "vllm_args_table": mini.table_source,
+            "source_command": render_shell(
+                ServeCommand(
+                    program=src.program,
+                    model=src.model,
+                    flags={n: _secret_ref(n, v) for n, v in src.flags.items()},
+                    env=env,
+                    table=table,
+                )
+            ),
+            "minimal_command": render_shell(
+                ServeCommand(
+                    program=src.program,
+                    model=src.model,
+                    flags={n: _secret_ref(n, v) for n, v in mini.minimal.flags.items()},
+                    env=env,
+                    table=table,
+                )
+            ),
+            "request": RequestSpec().to_json(),
+        },
+        "removed": [
+            {**c.to_json(), "value": _json_value(_secret_ref(c.name, c.value))}
+            for c in mini.removed
+        ],
+        "step": [s.to_json() for s in steps],
+    }
+    secrets = sorted({_SECRET_FLAGS[c.name] for c in mini.removed if c.name in _SECRET_FLAGS})
+    secrets += sorted(
+        {_SECRET_FLAGS[c.name] for c in mini.kept if c.name in _SECRET_FLAGS} - set(secrets)
+    )
+    secrets += sorted(k for k in env if _secret_env(k) and k not in secrets)
+    if secrets:
+        plan["plan"]["env_required"] = secrets
+    return plan
+
+
+_SECRET_ENV_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+
+
+def _secret_env(name: str) -> bool:
+    upper = name.upper()
+    return any(part in upper for part in _SECRET_ENV_PARTS)
+
+
+def _json_value(v: FlagValue) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+# --------------------------------------------------------------------------------------------
+# TOML output (a small writer for the plan's shapes: no extra dependency)
+# --------------------------------------------------------------------------------------------
+
+
+def _toml_str(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return _toml_str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        inner = ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items())
+        return "{ " + inner + " }" if inner else "{}"
+    if v is None:
+        raise ValueError("TOML has no null")
+    return _toml_str(str(v))
+
+
+def _toml_key(k: str) -> str:
+    if k and all(ch.isalnum() or ch in "-_" for ch in k):
+        return k
+    return _toml_str(k)
+
+
+def _toml_table(lines: list[str], obj: Mapping[str, Any], header: str) -> None:
+    plain = {k: v for k, v in obj.items() if v is not None and not isinstance(v, dict)}
+    subs = {k: v for k, v in obj.items() if isinstance(v, dict)}
+    lines.append(header)
+    for k, v in plain.items():
+        if isinstance(v, list) and v and all(isinstance(x, str) for x in v) and len(v) > 4:
+            lines.append(f"{_toml_key(k)} = [")
+            lines.extend(f"  {_toml_value(x)}," for x in v)
+            lines.append("]")
+        else:
+            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
+    name = header.strip("[]")
+    for k, v in subs.items():
+        if k == "env":
+            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
+            continue
+        lines.append("")
+        _toml_table(lines, v, f"[{name}.{_toml_key(k)}]")
+
+
+def plan_to_toml(plan: Mapping[str, Any]) -> str:
+    """Render a plan as TOML (``tomllib.loads`` gives the same dict back)."""
+    lines = [
+        "# kk3evidence ladder plan: step 0 is the minimal command with the guide's fixed request;",
+        "# every later step changes exactly one variable. Run it: kk3evidence ladder PLAN -o DIR",
+        f"schema = {_toml_str(plan['schema'])}",
+        "",
+    ]
+    _toml_table(lines, plan["plan"], "[plan]")
+    for r in plan.get("removed", []):
+        lines.append("")
+        _toml_table(lines, {k: v for k, v in r.items() if v is not None}, "[[removed]]")
+    for s in plan.get("step", []):
+        lines.append("")
+        _toml_table(lines, s, "[[step]]")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,149 @@
+"""Stage of context-dependent failures (rules/stage-hints.toml), quoted prefixes, bare lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from kk3evidence.analysis.engine import analyze
+from kk3evidence.analysis.grammar import parse_line
+from kk3evidence.analysis.rules import load_stage_hints, parse_stage_hints
+from kk3evidence.errors import RuleError
+
+P = "(EngineCore pid=2) ERROR 05-05 07:35:19 [core.py:1136] "
+OOM = P + (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 2 has a "
+    "total capacity of 14.62 GiB of which 3 MiB is free."
+)
+
+
+def _tb(*funcs: str, exc: str = OOM) -> list[str]:
+    lines = [P + "Traceback (most recent call last):"]
+    for f in funcs:
+        lines.append(P + f'  File "/v/vllm/x.py", line 1, in {f}')
+        lines.append(P + "    x()")
+    lines.append(exc)
+    return lines
+
+
+def _first(lines: list[str]) -> tuple[int, str, str]:
+    ff = analyze([ln + "\n" for ln in lines]).first_failure
+    assert ff is not None
+    return ff.line_no, ff.stage, ff.category
+
+
+def test_oom_inside_load_model_frames_is_a_weights_access_failure() -> None:
+    lines = _tb("run_engine_core", "__init__", "load_model", "load_weights", "_apply")
+    assert _first(lines) == (len(lines), "weights_access", "oom")
+
+
+def test_oom_while_profiling_memory_is_an_engine_init_failure() -> None:
+    lines = _tb("run_engine_core", "determine_available_memory", "profile_run", "_dummy_run")
+    assert _first(lines)[1:] == ("engine_init", "oom")
+
+
+def test_start_up_frame_beats_a_serving_frame_reused_during_warm_up() -> None:
+    # V0's profile_run calls execute_model: the start-up frame decides.
+    lines = _tb("run_engine_core", "profile_run", "execute_model", "forward")
+    assert _first(lines)[1] == "engine_init"
+
+
+def test_failure_in_the_busy_loop_is_a_serving_failure() -> None:
+    lines = _tb("run_engine_core", "run_busy_loop", "step", "execute_model", "forward")
+    assert _first(lines)[1] == "serving"
+
+
+def test_illegal_memory_access_followed_by_engine_dead_error_is_serving() -> None:
+    lines = [
+        "(EngineCore pid=9) torch.AcceleratorError: CUDA error: an illegal memory access was "
+        "encountered",
+        "(APIServer pid=8) ERROR 06-15 16:27:50 [serving.py:471] vllm.v1.engine.exceptions."
+        "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the "
+        "root cause.",
+    ]
+    assert _first(lines) == (1, "serving", "illegal_memory")
+
+
+def test_worker_line_naming_load_model_gives_the_stage_of_a_bare_oom_line() -> None:
+    lines = [
+        "(VllmWorkerProcess pid=5) ERROR 03-02 19:49:43 [multiproc_worker_utils.py:242] "
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 2 has a "
+        "total capacity of 14.62 GiB of which 3 MiB is free.",
+        "(VllmWorkerProcess pid=7) ERROR 03-02 19:49:43 [multiproc_worker_utils.py:242] "
+        "Exception in worker VllmWorkerProcess while processing method load_model.",
+    ]
+    assert _first(lines) == (1, "weights_access", "oom")
+
+
+def test_fixed_stage_categories_ignore_frames() -> None:
+    kv = P + (
+        "ValueError: To serve at least one request with the model's max seq len (2048), "
+        "(0.0 GiB KV cache is needed, which is larger than the available KV cache memory "
+        "(0.0 GiB). Based on the available memory"
+    )
+    lines = _tb("run_engine_core", "load_model", exc=kv)
+    assert _first(lines)[1:] == ("engine_init", "kv_cache")
+
+
+def test_no_hints_keeps_the_rule_stage() -> None:
+    assert _first([OOM])[1] == "engine_init"
+
+
+def test_shipped_stage_hints_are_valid_and_cover_the_start_up_stages() -> None:
+    h = load_stage_hints()
+    stages = {s for _, s in h.frame}
+    assert {"weights_access", "engine_init", "comm_group", "serving"} <= stages
+    assert "oom" in h.context_categories and h.window_after > 0
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('schema = "x"', "schema must be"),
+        ('schema = "kk3evidence/stage-hints/v1"\nbogus = 1', "unknown key 'bogus'"),
+        (
+            'schema = "kk3evidence/stage-hints/v1"\n[[hint]]\nstage = "nowhere"\nframe = ["a"]',
+            "stage 'nowhere'",
+        ),
+        ('schema = "kk3evidence/stage-hints/v1"\ncontext_categories = ["nope"]', "nope"),
+        ('schema = "kk3evidence/stage-hints/v1"\nwindow_after = -1', "window_after"),
+        ("schema = [", "not valid TOML"),
+    ],
+)
+def test_bad_stage_hints_file_is_a_one_line_rule_error(text: str, needle: str) -> None:
+    with pytest.raises(RuleError) as err:
+        parse_stage_hints(text, "hints.toml")
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("prefix", [">   | ", '"  | ', "> ", "> > ", "  | "])
+def test_quoted_and_ci_pipe_prefixes_are_stripped(prefix: str) -> None:
+    ln = parse_line(1, prefix + "ERROR 01-01 00:00:00 [x.py:1] boom")
+    assert ln.body == "boom" and ln.level == "ERROR"
+
+
+def test_quoted_uvicorn_bind_error_is_found() -> None:
+    lines = [
+        ">   | [2024-09-05T00:38:34Z] INFO:     Waiting for application startup.",
+        ">   | [2024-09-05T00:38:34Z] ERROR:    [Errno 98] error while attempting to bind on "
+        "address ('0.0.0.0', 44319): [errno 98] address already in use",
+    ]
+    assert _first(lines) == (2, "api_ready", "port")
+
+
+def test_bare_exception_line_without_traceback_reaches_the_fallback() -> None:
+    lines = ["INFO 01-01 00:00:00 [x.py:1] starting", "AssertionError: unsupported head size 80"]
+    ff = analyze([ln + "\n" for ln in lines]).first_failure
+    assert ff is not None and ff.line_no == 2 and ff.rule == "EXC003"
+
+
+def test_warning_level_exception_text_is_not_a_failure() -> None:
+    lines = ["WARNING 01-01 00:00:00 [x.py:1] RuntimeError: retrying in 1 s"]
+    assert analyze([ln + "\n" for ln in lines]).first_failure is None
+
+
+def test_serving_frames_yield_to_an_unfinished_start_up_stage() -> None:
+    # Weights are still loading (started, no "Loading weights took"): the busy-loop frames of
+    # a truncated traceback do not make it a serving failure.
+    start = "(Worker pid=3) INFO 11-30 01:48:03 [gpu_model_runner.py:68] Starting to load model /m"
+    lines = [start, *_tb("run_busy_loop", "step", "execute_model", "forward")]
+    assert _first(lines)[1] == "weights_access"
