@@ -32,8 +32,12 @@ CATEGORIES: tuple[str, ...] = (
     "port",
     "compile",
     "illegal_memory",
+    "hang",
     "other",
 )
+#: how the first causal failure was found (SPEC §4, 0.2): a rule matched, an unrecognised error
+#: was ranked by the evidence, or no line states a failure and progress stopped
+BASES: tuple[str, ...] = ("rule", "fallback", "stall")
 
 SEVERITIES: tuple[str, ...] = ("fatal", "error", "warning", "info")
 RULE_STATUSES: tuple[str, ...] = ("experimental", "stable", "deprecated")
@@ -62,6 +66,7 @@ class Finding:
     process: str | None = None
     severity: str = "error"
     caused_by: int | None = None  # line_no of the failure this consequence reports
+    basis: str = "rule"  # BASES: how a first causal failure was found
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -105,6 +110,10 @@ class Analysis:
     consequences: tuple[Finding, ...]
     findings: tuple[Finding, ...]
     extra: dict[str, Any] = field(default_factory=dict)
+    #: SPEC §4 (0.2): where and since when progress stopped (``basis == "stall"``), else None
+    stall: dict[str, Any] | None = None
+    #: SPEC §4 (0.2): the configuration vLLM itself reported at start, else None
+    engine_config: dict[str, Any] | None = None
 
     @property
     def failed(self) -> bool:
@@ -139,11 +148,14 @@ class Analysis:
                 "line_no": ff.line_no,
                 "text": ff.text,
                 "process": ff.process,
+                "basis": ff.basis,
             },
             "consequences": [
                 {"line_no": c.line_no, "rule": c.rule, "text": c.text} for c in self.consequences
             ],
             "findings": findings,
+            "stall": self.stall,
+            "engine_config": self.engine_config,
         }
 
 

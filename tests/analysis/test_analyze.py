@@ -42,6 +42,8 @@ SPEC_KEYS = [
     "first_failure",
     "consequences",
     "findings",
+    "stall",  # 0.2, additive
+    "engine_config",  # 0.2, additive
 ]
 
 
@@ -68,6 +70,7 @@ def _check_spec_shape(doc: dict) -> None:  # type: ignore[type-arg]
             "line_no",
             "text",
             "process",
+            "basis",  # 0.2, additive
         }
     for c in doc["consequences"]:
         assert {"line_no", "rule", "text"} <= set(c)
