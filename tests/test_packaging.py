@@ -28,6 +28,8 @@ def test_wheel_ships_rules_and_schemas(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("kk3evidence/_data/rules/") and n.endswith(".toml") for n in names)
     assert any(n.startswith("kk3evidence/_data/schemas/") and n.endswith(".json") for n in names)
+    assert any(n.startswith("kk3evidence/_data/data/vllm_args/") for n in names)
+    assert "kk3evidence/_data/data/flag-classes.toml" in names
     assert "kk3evidence/py.typed" in names
 
 
@@ -55,3 +57,26 @@ def test_installed_wheel_runs_outside_the_repository(wheel: Path, tmp_path: Path
         cwd=work, env=env, capture_output=True, text=True,
     )
     assert cli.returncode == 0, cli.stderr
+    _slim_install_works(venv, work, env)
+
+
+def _slim_install_works(venv: Path, work: Path, env: dict[str, str]) -> None:
+    """The plain install has no polars: capture, analyze and validate work; compare says what
+    to install (issue 9: a sidecar in a vLLM image should not carry 170 MB of polars)."""
+    py, kk = str(venv / "bin" / "python"), str(venv / "bin" / "kk3evidence")
+    has_polars = subprocess.run([py, "-c", "import polars"], capture_output=True, env=env)
+    assert has_polars.returncode != 0, "polars must be an optional extra"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([kk, *args], cwd=work, env=env, capture_output=True, text=True)
+
+    bundle = work / "run.tar"
+    cap = run("capture", "-o", str(bundle), "--", py, "-c", "print('hello')")
+    assert cap.returncode == 0, cap.stderr
+    assert run("validate", str(bundle)).returncode == 0
+    example = REPO / "examples" / "bundles" / "weights-missing.tar.gz"
+    ana = run("analyze", str(example))
+    assert ana.returncode == 3, ana.stderr
+    cmp_ = run("compare", str(example))
+    assert cmp_.returncode == 2
+    assert "pip install 'kk3evidence[compare]'" in cmp_.stderr

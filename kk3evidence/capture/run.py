@@ -589,9 +589,11 @@ def run_capture(
         run.started_mono = time.monotonic()
         launch["pid"] = proc.pid
         assert proc.stdout is not None and proc.stderr is not None
+        # The pid is on disk before any output is recorded: a capture killed at any later
+        # moment leaves a staging folder whose launch.json names CMD's process group.
+        _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
         pump = Pump((proc.stdout.fileno(), proc.stderr.fileno()), (out, err), recorder)
         pump.start()
-        _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
         if run.signals:  # a signal arrived before the group existed
             run.kill_group(run.signals[0])
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+from typing import TYPE_CHECKING
+
 import click
 
 from kk3evidence.errors import UsageError
-from kk3evidence.handoff.compare import Comparison, compare
+
+if TYPE_CHECKING:
+    from kk3evidence.handoff.compare import Comparison
 
 from ._common import echo_json, handle_errors
 
@@ -24,6 +30,18 @@ def _table(rows: list[dict[str, object]], columns: tuple[str, ...]) -> list[str]
     out += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
             for row in cells]
     return out
+
+
+def _compare_module() -> ModuleType:
+    """``compare`` is the one command that needs polars: a slim install may lack it."""
+    try:
+        return importlib.import_module("kk3evidence.handoff.compare")
+    except ModuleNotFoundError as exc:
+        if exc.name != "polars":
+            raise
+        raise UsageError(
+            "compare needs polars, which this install lacks: pip install 'kk3evidence[compare]'"
+        ) from None
 
 
 def _human(result: Comparison) -> str:
@@ -70,7 +88,9 @@ def command(bundles: tuple[str, ...], isolated: tuple[str, ...],
     paths = list(dict.fromkeys([*bundles, *isolated]))
     if not paths:
         raise UsageError("give at least one bundle to compare")
-    result = compare(paths, isolated=isolated, isolated_hosts=isolated_hosts)
+    result: Comparison = _compare_module().compare(
+        paths, isolated=isolated, isolated_hosts=isolated_hosts
+    )
     if as_json:
         echo_json(result.to_json())
     elif as_csv:
