@@ -19,6 +19,28 @@ def test_all_names_are_unique() -> None:
     assert len(names) == len(set(names))
 
 
+def test_all_is_exactly_the_lazy_table_and_the_eager_names() -> None:
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(kk3evidence))
+    eager = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__"
+        for alias in node.names
+        if node.module not in ("typing",)
+    }
+    assert set(kk3evidence.__all__) == eager | set(kk3evidence._LAZY)
+
+
+def test_lazy_names_point_into_the_layer_packages() -> None:
+    for name, (module, attr) in kk3evidence._LAZY.items():
+        top = module.split(".")[0]
+        assert top in {"analysis", "bundle", "capture", "handoff", "vllm_args"}, (name, module)
+        assert attr
+
+
 def test_unknown_attribute_raises_attribute_error() -> None:
     try:
         kk3evidence.no_such_name  # type: ignore[attr-defined]  # noqa: B018
