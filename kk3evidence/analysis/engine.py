@@ -27,7 +27,8 @@ from kk3evidence.analysis.classify import Classified, Classifier
 from kk3evidence.analysis.grammar import TB_HEADER, TracebackTracker, decode_line, parse_line
 from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import RuleSet, StageHints, load_rules, load_stage_hints
-from kk3evidence.errors import BundleError, InputError
+from kk3evidence.bundle.archive import open_bundle
+from kk3evidence.errors import InputError
 from kk3evidence.model import Analysis
 
 __all__ = ["AnalysisEngine", "analyze"]
@@ -533,47 +534,14 @@ def _is_tar(path: Path) -> bool:
 
 
 def _bundle_log_stream(path: Path) -> Iterator[bytes]:
-    """Stream ``logs/combined.log`` out of a bundle without extracting it."""
-    try:
-        from kk3evidence.bundle import (
-            archive as _bundle,  # written by another module; optional until it lands
-        )
-    except ImportError:
-        _bundle = None  # type: ignore[assignment]
-    if _bundle is not None and hasattr(_bundle, "open_bundle"):
-        with _bundle.open_bundle(path) as b:
-            stream = b.open_member(_LOG_MEMBER)
-            try:
-                yield from _read_blocks(stream)
-            finally:
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()
-        return
-    yield from _tar_log_stream(path)
-
-
-def _tar_log_stream(path: Path) -> Iterator[bytes]:
-    try:
-        tf = tarfile.open(path, mode="r:*")  # noqa: SIM115 - closed by the with-block below
-    except (tarfile.TarError, OSError) as err:
-        raise BundleError(f"{path}: not a readable bundle ({err}); check the file") from None
-    with tf:
-        member = None
+    """Stream ``logs/combined.log`` out of a bundle without extracting it (through the bundle
+    reader, so every safety and hash check applies)."""
+    with open_bundle(path) as b:
+        stream = b.open_member(_LOG_MEMBER)
         try:
-            for m in tf:
-                parts = m.name.split("/")
-                if len(parts) == 3 and "/".join(parts[1:]) == _LOG_MEMBER and m.isfile():
-                    member = m
-                    break
-        except (tarfile.TarError, OSError, EOFError) as err:
-            raise BundleError(f"{path}: corrupt bundle ({err}); check the file") from None
-        if member is None:
-            raise BundleError(f"{path}: bundle has no {_LOG_MEMBER}; nothing to analyse")
-        fh = tf.extractfile(member)
-        if fh is None:
-            raise BundleError(f"{path}: {_LOG_MEMBER} is not a regular file")
-        yield from _read_blocks(fh)
+            yield from _read_blocks(stream)
+        finally:
+            stream.close()
 
 
 def _read_blocks(fh: IO[bytes] | Any) -> Iterator[bytes]:

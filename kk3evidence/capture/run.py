@@ -45,6 +45,7 @@ from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
 from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
 from kk3evidence.model import STAGES
+from kk3evidence.vllm_args import is_vllm_serve
 
 LOG_MEMBER = "logs/combined.log"
 LAUNCH_SCHEMA = "kk3evidence/launch/v1"
@@ -440,12 +441,7 @@ class _Run:
 
 
 def _is_server_command(argv: Sequence[str]) -> bool:
-    try:
-        from kk3evidence.vllm_args import is_vllm_serve
-
-        return is_vllm_serve(argv)
-    except ImportError:  # pragma: no cover - vllm_args ships with the package
-        return False
+    return is_vllm_serve(argv)
 
 
 def _serve_info(argv: Sequence[str]) -> Any:

@@ -36,7 +36,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kk3evidence.errors import InputError, UsageError
+from kk3evidence.analysis.engine import analyze
+from kk3evidence.bundle.archive import validate
+from kk3evidence.errors import InputError, Kk3Error, UsageError
+from kk3evidence.handoff.diff import diff
 from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec
 
 __all__ = [
@@ -488,12 +491,8 @@ class _Tee:
 
 
 def _window_failure(lines: Sequence[bytes]) -> dict[str, Any] | None:
-    """The first causal failure among ``lines`` (the analyzer, when it is installed)."""
+    """The first causal failure among ``lines``."""
     if not lines:
-        return None
-    try:
-        from kk3evidence.analysis.engine import analyze
-    except ImportError:  # the analyzer ships with the package; be tolerant in partial trees
         return None
     try:
         result = analyze([ln + b"\n" for ln in lines], label="ladder-step-window")
@@ -874,12 +873,7 @@ def _bundle_ok(out_dir: Path, rel: str | None) -> bool:
     path = out_dir / rel
     if not path.is_file():
         return False
-    try:
-        from kk3evidence.bundle.archive import validate
-
-        return not validate(path)
-    except ImportError:
-        return True
+    return not validate(path)
 
 
 def _expand(step: PlanStep, env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -1079,12 +1073,6 @@ def _bundle_diff(out: Path, a: str | None, b: str | None) -> str | None:
     if not a or not b or a == b:
         return None
     try:
-        from kk3evidence.errors import Kk3Error
-        from kk3evidence.handoff.diff import diff
-
-        try:
-            return diff(out / a, out / b).summary()
-        except Kk3Error as exc:
-            return f"diff not possible: {exc.message}"
-    except ImportError:
-        return None
+        return diff(out / a, out / b).summary()
+    except Kk3Error as exc:
+        return f"diff not possible: {exc.message}"
