@@ -4,7 +4,8 @@ A rule file holds ``[[rule]]`` tables (format: ``docs/rules-format.md``, schema:
 ``schemas/rule.schema.json``). :func:`load_rules` returns the shipped :class:`RuleSet`
 (cached); :func:`load_rule_files` loads any other files (tests, ``--rules``).
 
-``python -m kk3evidence.analysis.rules --doc`` prints ``docs/rules.md`` (generated).
+``kk3evidence rules doc`` prints ``docs/rules.md`` (generated); ``kk3evidence rules check``
+validates every rule file strictly.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import sys
 import tomllib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -349,7 +349,7 @@ def _load_docs(docs: Iterable[tuple[str, str]], *, strict: bool = True) -> RuleS
             except (KeyError, TypeError, ValueError) as err:
                 raise RuleError(
                     f"{source}: rule {r.get('id', '?')}: malformed ({err}); run "
-                    "'python -m kk3evidence.analysis.rules --check' for every problem"
+                    "'kk3evidence rules check' for every problem"
                 ) from None
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -542,7 +542,7 @@ def load_stage_hints() -> StageHints:
 # docs/rules.md
 # --------------------------------------------------------------------------------------------
 
-DOC_COMMAND = "python -m kk3evidence.analysis.rules --doc > docs/rules.md"
+DOC_COMMAND = "kk3evidence rules doc > docs/rules.md"
 
 
 def _md_escape(s: str) -> str:
@@ -617,24 +617,3 @@ def render_rules_doc(ruleset: RuleSet | None = None) -> str:
             if r.no_match:
                 out += ["Does not match:", "", "```text", *r.no_match, "```", ""]
     return "\n".join(out).rstrip("\n") + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--doc"]:
-        sys.stdout.write(render_rules_doc())
-        return 0
-    if args[:1] == ["--check"]:
-        try:
-            rs = check_rules()
-        except RuleError as err:
-            sys.stderr.write(f"kk3evidence: error: {err}\n")
-            return 4
-        sys.stdout.write(f"{len(rs)} rules OK\n")
-        return 0
-    sys.stderr.write("usage: python -m kk3evidence.analysis.rules --doc | --check\n")
-    return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

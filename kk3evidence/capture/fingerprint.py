@@ -5,7 +5,7 @@ Every probe is time-boxed and runs through :func:`run_probe`: a probe that fails
 recorded (``probes: [{name, ok, seconds, error, truncated}]``) and never crashes the capture.
 NVML is injectable (``nvml=`` any object with pynvml's function names) so the GPU path is tested
 without a GPU;
-``python -m kk3evidence.capture.fingerprint --json`` prints this machine's fingerprint.
+``kk3evidence fingerprint --json`` prints this machine's fingerprint.
 
 The JSON shape is ``fingerprint.json`` in docs/architecture.md.
 """
@@ -622,39 +622,3 @@ def collect(
     fp.env = redact_env(selected) if redact_env else selected
     fp.libraries = list(libraries)
     return fp
-
-
-def main(args: Sequence[str] | None = None) -> int:
-    """``python -m kk3evidence.capture.fingerprint [--json] [-- CMD...]``: print what it sees."""
-    argv = list(sys.argv[1:] if args is None else args)
-    cmd: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, cmd = argv[:cut], argv[cut + 1 :]
-    redact_env: Callable[[dict[str, str]], dict[str, str]] | None = None
-    try:
-        from kk3evidence.bundle.redact import Redactor
-
-        redactor: Any = Redactor()
-        redact_env = redactor.env
-    except ImportError:  # pragma: no cover - the redact module ships with the package
-        redact_env = None
-    fp = collect(cmd, redact_env=redact_env)
-    data = fp.to_json()
-    if "--json" in argv:
-        print(json.dumps(data, indent=2, ensure_ascii=False))
-    else:
-        g = data["gpus"]
-        print(f"host: {data['host'].get('hostname')} {data['host'].get('kernel')}")
-        print(f"gpus: {g['source']} driver={g['driver_version']} cuda={g['cuda_driver_version']}")
-        for d in g["devices"]:
-            print(f"  [{d['index']}] {d['name']} {d['uuid']} {d['pci_bus_id']}")
-        c = data["container"]
-        print(f"container: {c.get('runtime')} ({c.get('runtime_source')})")
-        p = data["python"]
-        print(f"python: {p['interpreter']} torch={p['torch_version']} vllm={p['vllm_version']}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

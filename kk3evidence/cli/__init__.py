@@ -27,6 +27,7 @@ _COMMANDS: dict[str, str] = {
     "minimize": "_minimize",
     "ladder": "_ladder",
     "rules": "_rules",
+    "fingerprint": "_fingerprint",
 }
 
 EPILOG = """\b

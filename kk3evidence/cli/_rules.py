@@ -1,10 +1,10 @@
-"""``kk3evidence rules list|show``: the shipped rules, as documentation or JSON."""
+"""``kk3evidence rules list|show|doc|check``: the shipped rules, as documentation or JSON."""
 
 from __future__ import annotations
 
 import click
 
-from kk3evidence.analysis.rules import Rule, load_rules
+from kk3evidence.analysis.rules import Rule, check_rules, load_rules, render_rules_doc
 from kk3evidence.errors import UsageError
 
 from ._common import echo_json, handle_errors
@@ -73,3 +73,18 @@ def show_rule(rule_id: str, as_json: bool) -> None:
         echo_json(r.to_json())
     else:
         click.echo(_show(r))
+
+
+@command.command(name="doc")
+@handle_errors
+def rules_doc() -> None:
+    """Print the rule reference (docs/rules.md is this output; a test keeps it current)."""
+    click.echo(render_rules_doc(), nl=False)
+
+
+@command.command(name="check")
+@handle_errors
+def rules_check() -> None:
+    """Validate every shipped rule file strictly (schema, every pattern, every example)."""
+    rs = check_rules()
+    click.echo(f"{len(rs)} rules OK")

@@ -156,14 +156,17 @@ def test_docs_rules_md_is_up_to_date() -> None:
     assert current == render_rules_doc(), f"docs/rules.md is stale; regenerate: {DOC_COMMAND}"
 
 
-def test_rules_module_command_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from kk3evidence.analysis.rules import main
+def test_rules_doc_and_check_commands() -> None:
+    from click.testing import CliRunner
 
-    assert main(["--check"]) == 0
-    assert "rules OK" in capsys.readouterr().out
-    assert main(["--doc"]) == 0
-    assert capsys.readouterr().out == render_rules_doc()
-    assert main(["--nope"]) == 2
+    from kk3evidence.cli import main
+
+    checked = CliRunner().invoke(main, ["rules", "check"])
+    assert checked.exit_code == 0, checked.output
+    assert "rules OK" in checked.output
+    doc = CliRunner().invoke(main, ["rules", "doc"])
+    assert doc.exit_code == 0
+    assert doc.output == render_rules_doc()
 
 
 def test_strict_loading_reports_a_bad_pattern_with_its_rule(tmp_path: Path) -> None:

@@ -325,10 +325,16 @@ def test_fingerprint_json_has_the_architecture_shape() -> None:
     json.dumps(data)  # plain JSON
 
 
-def test_module_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert fp.main(["--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert data["schema"] == "kk3evidence/fingerprint/v1"
+def test_fingerprint_command_prints_json_and_a_summary() -> None:
+    from click.testing import CliRunner
+
+    from kk3evidence.cli import main
+
+    as_json = CliRunner().invoke(main, ["fingerprint", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.output)["schema"] == "kk3evidence/fingerprint/v1"
+    human = CliRunner().invoke(main, ["fingerprint"])
+    assert human.exit_code == 0 and human.output.startswith("host: ")
 
 
 def test_gpu_fixture_from_a_real_machine_is_a_valid_fingerprint() -> None:
