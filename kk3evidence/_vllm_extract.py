@@ -87,6 +87,60 @@ def _registry_names(module: str, attr_candidates: tuple[str, ...]) -> list[str]:
     return []
 
 
+def _action_kind(action: argparse.Action) -> str:
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return "bool"
+    if isinstance(action, argparse._StoreTrueAction):
+        return "store_true"
+    if isinstance(action, argparse._StoreFalseAction):
+        return "store_false"
+    if isinstance(action, argparse._AppendAction):
+        return "append"
+    return "store_true" if action.nargs == 0 else "store"
+
+
+def _flag_entry(action: argparse.Action, group: str) -> dict[str, Any]:
+    """One option of vLLM's parser as a row of the shipped table."""
+    longs = [o for o in action.option_strings if o.startswith("--")]
+    negs = [o for o in longs if o.startswith("--no-")]
+    names = [o for o in longs if o not in negs] or longs
+    primary = names[0][2:]
+    kind = _action_kind(action)
+    suppressed = action.default == argparse.SUPPRESS
+    ok, default = _jsonable(None if suppressed else action.default)
+    entry: dict[str, Any] = {
+        "name": primary,
+        "dest": action.dest,
+        "aliases": [o for o in action.option_strings if o not in (names[0], *negs)],
+        "negatable": bool(negs),
+        "kind": kind,
+        "action": type(action).__name__,
+        "type": "bool"
+        if kind in ("bool", "store_true", "store_false")
+        else _type_name(action.type),
+        "nargs": action.nargs
+        if isinstance(action.nargs, str) or action.nargs is None
+        else str(action.nargs),
+        "default": default if ok else None,
+        "default_known": ok,
+        "choices": None,
+        "group": group,
+        "help": _first_sentence(action.help if action.help != argparse.SUPPRESS else ""),
+    }
+    if not ok:
+        entry["default_repr"] = default
+    if action.choices is not None:
+        entry["choices"] = [
+            c if isinstance(c, (str, int, float)) or c is None else str(c)
+            for c in action.choices
+        ]
+    if primary in EFFECTIVE_DEFAULTS:
+        value, note = EFFECTIVE_DEFAULTS[primary]
+        entry["effective_default"] = value
+        entry["default_note"] = note
+    return entry
+
+
 def extract() -> dict[str, Any]:
     """Return the argument table of the installed vLLM's `vllm serve`."""
     import vllm  # type: ignore[import-not-found]
@@ -121,57 +175,7 @@ def extract() -> dict[str, Any]:
         if not action.option_strings:
             positional = action.dest
             continue
-        longs = [o for o in action.option_strings if o.startswith("--")]
-        negs = [o for o in longs if o.startswith("--no-")]
-        names = [o for o in longs if o not in negs] or longs
-        primary = names[0][2:]
-        aliases = [o for o in action.option_strings if o not in (names[0], *negs)]
-        kind_name = type(action).__name__
-        if isinstance(action, argparse.BooleanOptionalAction):
-            kind = "bool"
-        elif isinstance(action, argparse._StoreTrueAction):
-            kind = "store_true"
-        elif isinstance(action, argparse._StoreFalseAction):
-            kind = "store_false"
-        elif isinstance(action, argparse._AppendAction):
-            kind = "append"
-        elif action.nargs == 0:
-            kind = "store_true"
-        else:
-            kind = "store"
-        suppressed = action.default == argparse.SUPPRESS
-        ok, default = _jsonable(None if suppressed else action.default)
-        entry: dict[str, Any] = {
-            "name": primary,
-            "dest": action.dest,
-            "aliases": aliases,
-            "negatable": bool(negs),
-            "kind": kind,
-            "action": kind_name,
-            "type": "bool"
-            if kind in ("bool", "store_true", "store_false")
-            else _type_name(action.type),
-            "nargs": action.nargs
-            if isinstance(action.nargs, str) or action.nargs is None
-            else str(action.nargs),
-            "default": default if ok else None,
-            "default_known": ok,
-            "choices": None,
-            "group": group_of.get(id(action), ""),
-            "help": _first_sentence(action.help if action.help != argparse.SUPPRESS else ""),
-        }
-        if not ok:
-            entry["default_repr"] = default
-        if action.choices is not None:
-            entry["choices"] = [
-                c if isinstance(c, (str, int, float)) or c is None else str(c)
-                for c in action.choices
-            ]
-        if primary in EFFECTIVE_DEFAULTS:
-            value, note = EFFECTIVE_DEFAULTS[primary]
-            entry["effective_default"] = value
-            entry["default_note"] = note
-        flags.append(entry)
+        flags.append(_flag_entry(action, group_of.get(id(action), "")))
 
     flags.sort(key=lambda e: e["name"])
     return {

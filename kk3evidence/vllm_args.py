@@ -522,153 +522,180 @@ def parse_serve_argv(argv: Sequence[str], table: ArgTable | None = None) -> Serv
             f"not a vLLM serve command: {shown!s}; expected 'vllm serve MODEL ...' or "
             "'python -m vllm.entrypoints.openai.api_server --model MODEL ...'"
         )
-    env, program, i = found
-    table = table or load_arg_table()
-    flags: dict[str, FlagValue] = {}
-    unknown: list[str] = []
-    model: str | None = None
-    dotted: dict[str, dict[str, Any]] = {}
-    n = len(argv)
-
-    def take_values(j: int, nargs: str | None) -> tuple[list[str], int]:
-        vals: list[str] = []
-        if nargs in ("+", "*"):
-            while j < n and not _looks_like_option(argv[j]):
-                vals.append(argv[j])
-                j += 1
-            return vals, j
-        if nargs == "?":
-            if j < n and not _looks_like_option(argv[j]):
-                return [argv[j]], j + 1
-            return [], j
-        if j < n:
-            return [argv[j]], j + 1
-        return [], j
-
-    while i < n:
-        tok = argv[i]
-        i += 1
-        if tok == "--":
-            unknown.extend(argv[i:])
-            break
-        if not _looks_like_option(tok):
-            if model is None:
-                model = tok
-            else:
-                unknown.append(tok)
-            continue
-        # -O3 / -O=3 / -O 3 -> --optimization-level
-        if tok.startswith("-O") and not tok.startswith("--"):
-            if tok == "-O" and i < n and argv[i] in {"0", "1", "2", "3"}:
-                flags["optimization-level"] = argv[i]
-                i += 1
-                continue
-            if tok != "-O":
-                flags["optimization-level"] = tok[3:] if tok[2:3] == "=" else tok[2:]
-                continue
-        opt, eq, inline = tok.partition("=")
-        opt = _dash_name(opt)
-        # Dotted JSON keys: --compilation-config.mode 3, --x.list+ a,b
-        if opt.startswith("--") and "." in opt:
-            if eq:
-                value_str = inline
-            elif i < n:
-                value_str = argv[i]
-                i += 1
-            else:
-                unknown.append(tok)
-                continue
-            path = opt[2:]
-            append = path.endswith("+")
-            if append:
-                path = path[:-1]
-            key, *keys = path.split(".")
-            hit = table.resolve(f"--{key}")
-            canon = hit[0] if hit else key
-            value: Any
-            if append:
-                value = value_str.split(",")
-            else:
-                try:
-                    value = json.loads(value_str)
-                except ValueError:
-                    try:
-                        value = _human_int(value_str)
-                    except ValueError:
-                        value = value_str
-            _merge_nested(dotted.setdefault(canon, {}), keys, value, append)
-            continue
-        if opt in {"--model", "--model-tag"}:
-            if eq:
-                model = inline
-            elif i < n:
-                model = argv[i]
-                i += 1
-            continue
-        hit = table.resolve(opt)
-        if hit is None:
-            unknown.append(tok)
-            name = opt.lstrip("-")
-            if eq:
-                flags[name] = inline
-                continue
-            if i < n and not _looks_like_option(argv[i]) and model is not None:
-                unknown.append(argv[i])
-                flags[name] = argv[i]
-                i += 1
-            else:
-                flags[name] = True
-            continue
-        name, negated = hit
-        spec = table.specs[name]
-        if spec.is_bool:
-            if eq:
-                # argparse rejects a value on a boolean switch; keep it visible.
-                unknown.append(tok)
-                continue
-            if spec.kind == "store_false":
-                flags[name] = negated
-            else:
-                flags[name] = not negated
-            continue
-        if eq:
-            raw_vals = [inline]
-        else:
-            raw_vals, i = take_values(i, spec.nargs)
-        if not raw_vals and spec.nargs not in ("?", "*"):
-            unknown.append(tok)
-            continue
-        converted = [_convert(spec.type, v) for v in raw_vals]
-        if spec.kind == "append":
-            prev = flags.get(name)
-            prev_t = prev if isinstance(prev, tuple) else ()
-            flags[name] = (*prev_t, *converted)
-        elif spec.is_list:
-            flags[name] = tuple(converted)
-        elif not converted:
-            flags[name] = True  # nargs="?" without a value: argparse stores const
-        else:
-            flags[name] = converted[0]
-    for name, obj in dotted.items():
-        base = flags.get(name)
-        merged: dict[str, Any] = {}
-        if isinstance(base, str):
-            try:
-                loaded = json.loads(base)
-                if isinstance(loaded, dict):
-                    merged = loaded
-            except ValueError:
-                pass
-        _deep_update(merged, obj)
-        flags[name] = _canonical_json(merged)
+    env, program, start = found
+    parser = _ArgvParser(argv, table or load_arg_table())
+    parser.run(start)
     return ServeCommand(
         program=program,
-        model=model,
-        flags=MappingProxyType(flags),
-        unknown=tuple(unknown),
+        model=parser.model,
+        flags=MappingProxyType(parser.merged_flags()),
+        unknown=tuple(parser.unknown),
         env=MappingProxyType(env),
-        table=table,
+        table=parser.table,
     )
+
+
+class _ArgvParser:
+    """One pass over the tokens after the program, the way vLLM's argparse reads them."""
+
+    def __init__(self, argv: list[str], table: ArgTable) -> None:
+        self.argv = argv
+        self.table = table
+        self.flags: dict[str, FlagValue] = {}
+        self.unknown: list[str] = []
+        self.model: str | None = None
+        self.dotted: dict[str, dict[str, Any]] = {}
+        self.i = 0
+
+    def run(self, start: int) -> None:
+        self.i = start
+        argv, n = self.argv, len(self.argv)
+        while self.i < n:
+            tok = argv[self.i]
+            self.i += 1
+            if tok == "--":
+                self.unknown.extend(argv[self.i :])
+                return
+            if not _looks_like_option(tok):
+                if self.model is None:
+                    self.model = tok
+                else:
+                    self.unknown.append(tok)
+            elif not self._optimization_level(tok):
+                self._option(tok)
+
+    def _next(self) -> str | None:
+        """The next token as a value (consumed), or None at the end."""
+        if self.i < len(self.argv):
+            self.i += 1
+            return self.argv[self.i - 1]
+        return None
+
+    def _take_values(self, nargs: str | None) -> list[str]:
+        argv, n = self.argv, len(self.argv)
+        vals: list[str] = []
+        if nargs in ("+", "*"):
+            while self.i < n and not _looks_like_option(argv[self.i]):
+                vals.append(argv[self.i])
+                self.i += 1
+            return vals
+        if nargs == "?":
+            if self.i < n and not _looks_like_option(argv[self.i]):
+                return [self._next() or ""]
+            return []
+        value = self._next()
+        return [] if value is None else [value]
+
+    def _optimization_level(self, tok: str) -> bool:
+        """-O3 / -O=3 / -O 3 -> --optimization-level; True when the token was one."""
+        if not tok.startswith("-O") or tok.startswith("--"):
+            return False
+        if tok == "-O" and self.i < len(self.argv) and self.argv[self.i] in {"0", "1", "2", "3"}:
+            self.flags["optimization-level"] = self.argv[self.i]
+            self.i += 1
+            return True
+        if tok != "-O":
+            self.flags["optimization-level"] = tok[3:] if tok[2:3] == "=" else tok[2:]
+            return True
+        return False
+
+    def _option(self, tok: str) -> None:
+        opt, eq, inline = tok.partition("=")
+        opt = _dash_name(opt)
+        if opt.startswith("--") and "." in opt:
+            self._dotted(tok, opt, inline if eq else None)
+        elif opt in {"--model", "--model-tag"}:
+            model = inline if eq else self._next()
+            if model is not None:
+                self.model = model
+        elif (hit := self.table.resolve(opt)) is None:
+            self._unknown_option(tok, opt, inline if eq else None)
+        else:
+            self._known_option(tok, hit, inline if eq else None)
+
+    def _dotted(self, tok: str, opt: str, inline: str | None) -> None:
+        """Dotted JSON keys: --compilation-config.mode 3, --x.list+ a,b."""
+        value_str = inline if inline is not None else self._next()
+        if value_str is None:
+            self.unknown.append(tok)
+            return
+        path = opt[2:]
+        append = path.endswith("+")
+        if append:
+            path = path[:-1]
+        key, *keys = path.split(".")
+        hit = self.table.resolve(f"--{key}")
+        canon = hit[0] if hit else key
+        value: Any = value_str.split(",") if append else _json_or_scalar(value_str)
+        _merge_nested(self.dotted.setdefault(canon, {}), keys, value, append)
+
+    def _unknown_option(self, tok: str, opt: str, inline: str | None) -> None:
+        self.unknown.append(tok)
+        name = opt.lstrip("-")
+        if inline is not None:
+            self.flags[name] = inline
+        elif (
+            self.i < len(self.argv)
+            and not _looks_like_option(self.argv[self.i])
+            and self.model is not None
+        ):
+            self.unknown.append(self.argv[self.i])
+            self.flags[name] = self.argv[self.i]
+            self.i += 1
+        else:
+            self.flags[name] = True
+
+    def _known_option(self, tok: str, hit: tuple[str, bool], inline: str | None) -> None:
+        name, negated = hit
+        spec = self.table.specs[name]
+        if spec.is_bool:
+            if inline is not None:
+                self.unknown.append(tok)  # argparse rejects a value on a boolean switch
+            else:
+                self.flags[name] = negated if spec.kind == "store_false" else not negated
+            return
+        raw_vals = [inline] if inline is not None else self._take_values(spec.nargs)
+        if not raw_vals and spec.nargs not in ("?", "*"):
+            self.unknown.append(tok)
+            return
+        converted = [_convert(spec.type, v) for v in raw_vals]
+        if spec.kind == "append":
+            prev = self.flags.get(name)
+            prev_t = prev if isinstance(prev, tuple) else ()
+            self.flags[name] = (*prev_t, *converted)
+        elif spec.is_list:
+            self.flags[name] = tuple(converted)
+        elif not converted:
+            self.flags[name] = True  # nargs="?" without a value: argparse stores const
+        else:
+            self.flags[name] = converted[0]
+
+    def merged_flags(self) -> dict[str, FlagValue]:
+        """``flags`` with the dotted keys merged into their JSON options."""
+        flags = dict(self.flags)
+        for name, obj in self.dotted.items():
+            base = flags.get(name)
+            merged: dict[str, Any] = {}
+            if isinstance(base, str):
+                try:
+                    loaded = json.loads(base)
+                    if isinstance(loaded, dict):
+                        merged = loaded
+                except ValueError:
+                    pass
+            _deep_update(merged, obj)
+            flags[name] = _canonical_json(merged)
+        return flags
+
+
+def _json_or_scalar(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        try:
+            return _human_int(text)
+        except ValueError:
+            return text
 
 
 def _merge_nested(target: dict[str, Any], keys: list[str], value: Any, append: bool) -> None:

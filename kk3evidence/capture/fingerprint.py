@@ -203,82 +203,89 @@ def collect_gpus(nvml: Any = None) -> dict[str, Any]:
         if not any(k in kind for k in ("LibraryNotFound", "DriverNotLoaded", "NoPermission")):
             result["source"] = "error"
         return result
-    problems: list[str] = []
-
-    def get(label: str, fn: Callable[[], T]) -> T | None:
-        try:
-            return fn()
-        except Exception as exc:
-            problems.append(f"{label}: {_one_line(str(exc) or type(exc).__name__, 80)}")
-            return None
-
+    probe = _NvmlProbe(nvml)
     try:
         result["source"] = "nvml"
-        drv = get("driver_version", nvml.nvmlSystemGetDriverVersion)
+        drv = probe.get("driver_version", nvml.nvmlSystemGetDriverVersion)
         result["driver_version"] = _s(drv) if drv is not None else None
         cuda_fn = getattr(nvml, "nvmlSystemGetCudaDriverVersion_v2", None)
         cuda_fn = cuda_fn or nvml.nvmlSystemGetCudaDriverVersion
-        cuda = get("cuda_driver_version", cuda_fn)
+        cuda = probe.get("cuda_driver_version", cuda_fn)
         result["cuda_driver_version"] = _cuda_version(int(cuda)) if cuda is not None else None
-        ver = get("nvml_version", nvml.nvmlSystemGetNVMLVersion)
+        ver = probe.get("nvml_version", nvml.nvmlSystemGetNVMLVersion)
         result["nvml_version"] = _s(ver) if ver is not None else None
         count = int(nvml.nvmlDeviceGetCount())
-        for index in range(count):
-            h = nvml.nvmlDeviceGetHandleByIndex(index)
-            name = get(f"gpu{index}.name", functools.partial(nvml.nvmlDeviceGetName, h))
-            uuid = get(f"gpu{index}.uuid", functools.partial(nvml.nvmlDeviceGetUUID, h))
-            pci = get(f"gpu{index}.pci", functools.partial(nvml.nvmlDeviceGetPciInfo, h))
-            mem = get(f"gpu{index}.memory", functools.partial(nvml.nvmlDeviceGetMemoryInfo, h))
-            cc = get(
-                f"gpu{index}.cc", functools.partial(nvml.nvmlDeviceGetCudaComputeCapability, h)
-            )
-            mig = get(f"gpu{index}.mig", functools.partial(nvml.nvmlDeviceGetMigMode, h))
-            ecc = get(f"gpu{index}.ecc", functools.partial(nvml.nvmlDeviceGetEccMode, h))
-            procs: list[dict[str, Any]] = []
-            seen: set[int] = set()
-            for kind, fn_name in (
-                ("compute", "nvmlDeviceGetComputeRunningProcesses"),
-                ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
-            ):
-                fn = getattr(nvml, fn_name, None)
-                if fn is None:
-                    continue
-                plist = get(f"gpu{index}.{kind}_processes", functools.partial(fn, h)) or []
-                for p in plist:
-                    pid = int(p.pid)
-                    if pid in seen:
-                        continue
-                    seen.add(pid)
-                    used = getattr(p, "usedGpuMemory", None)
-                    procs.append(
-                        {
-                            "pid": pid,
-                            "name": _process_name(nvml, pid),
-                            "used_memory_bytes": int(used) if isinstance(used, int) else None,
-                        }
-                    )
-            result["devices"].append(
-                {
-                    "index": index,
-                    "name": _s(name) if name is not None else None,
-                    "uuid": _s(uuid) if uuid is not None else None,
-                    "pci_bus_id": _s(pci.busId) if pci is not None else None,
-                    "memory_total_bytes": int(mem.total) if mem is not None else None,
-                    "memory_used_bytes": int(mem.used) if mem is not None else None,
-                    "compute_capability": f"{cc[0]}.{cc[1]}" if cc is not None else None,
-                    "mig_mode": _mode(mig),
-                    "ecc_mode": _mode(ecc),
-                    "processes": procs,
-                }
-            )
+        result["devices"] = [probe.device(index) for index in range(count)]
     finally:
         try:
             nvml.nvmlShutdown()
         except Exception:
             pass
-    if problems:
-        result["field_errors"] = problems[:20]
+    if probe.problems:
+        result["field_errors"] = probe.problems[:20]
     return result
+
+
+class _NvmlProbe:
+    """NVML queries where one failing field is recorded and never stops the others."""
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+        self.problems: list[str] = []
+
+    def get(self, label: str, fn: Callable[[], T]) -> T | None:
+        try:
+            return fn()
+        except Exception as exc:
+            self.problems.append(f"{label}: {_one_line(str(exc) or type(exc).__name__, 80)}")
+            return None
+
+    def _on(self, index: int, h: Any, what: str, fn_name: str) -> Any:
+        return self.get(f"gpu{index}.{what}", functools.partial(getattr(self.nvml, fn_name), h))
+
+    def device(self, index: int) -> dict[str, Any]:
+        h = self.nvml.nvmlDeviceGetHandleByIndex(index)
+        name = self._on(index, h, "name", "nvmlDeviceGetName")
+        uuid = self._on(index, h, "uuid", "nvmlDeviceGetUUID")
+        pci = self._on(index, h, "pci", "nvmlDeviceGetPciInfo")
+        mem = self._on(index, h, "memory", "nvmlDeviceGetMemoryInfo")
+        cc = self._on(index, h, "cc", "nvmlDeviceGetCudaComputeCapability")
+        return {
+            "index": index,
+            "name": _s(name) if name is not None else None,
+            "uuid": _s(uuid) if uuid is not None else None,
+            "pci_bus_id": _s(pci.busId) if pci is not None else None,
+            "memory_total_bytes": int(mem.total) if mem is not None else None,
+            "memory_used_bytes": int(mem.used) if mem is not None else None,
+            "compute_capability": f"{cc[0]}.{cc[1]}" if cc is not None else None,
+            "mig_mode": _mode(self._on(index, h, "mig", "nvmlDeviceGetMigMode")),
+            "ecc_mode": _mode(self._on(index, h, "ecc", "nvmlDeviceGetEccMode")),
+            "processes": self.processes(index, h),
+        }
+
+    def processes(self, index: int, h: Any) -> list[dict[str, Any]]:
+        procs: list[dict[str, Any]] = []
+        seen: set[int] = set()
+        for kind, fn_name in (
+            ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+        ):
+            if getattr(self.nvml, fn_name, None) is None:
+                continue
+            for p in self._on(index, h, f"{kind}_processes", fn_name) or []:
+                pid = int(p.pid)
+                if pid in seen:
+                    continue
+                seen.add(pid)
+                used = getattr(p, "usedGpuMemory", None)
+                procs.append(
+                    {
+                        "pid": pid,
+                        "name": _process_name(self.nvml, pid),
+                        "used_memory_bytes": int(used) if isinstance(used, int) else None,
+                    }
+                )
+        return procs
 
 
 def _mode(value: Any) -> str | None:
