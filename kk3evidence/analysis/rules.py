@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import tomllib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from kk3evidence.analysis.grammar import (
     normalize_level,
     parse_line,
 )
+from kk3evidence.bundle.schema import load_toml
 from kk3evidence.errors import RuleError
 from kk3evidence.model import CATEGORIES, RULE_STATUSES, SEVERITIES, STAGES
 
@@ -335,10 +335,7 @@ def _load_docs(docs: Iterable[tuple[str, str]], *, strict: bool = True) -> RuleS
     rules: list[Rule] = []
     problems: list[str] = []
     for source, text in docs:
-        try:
-            doc = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise RuleError(f"{source}: not valid TOML ({err}); fix the file") from None
+        doc = load_toml(text, source, error=RuleError)
         file_problems = list(iter_rule_problems(doc, source, strict=strict))
         if file_problems:
             problems.extend(file_problems)
@@ -480,10 +477,7 @@ def _str_list(v: Any, what: str, source: str) -> list[str]:
 
 def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> StageHints:
     """Validate and build :class:`StageHints` from the TOML text (one-line RuleError)."""
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise RuleError(f"{source}: not valid TOML ({err}); fix the file") from None
+    doc = load_toml(text, source, error=RuleError)
     if doc.get("schema") != STAGE_HINTS_SCHEMA:
         raise RuleError(f"{source}: schema must be {STAGE_HINTS_SCHEMA!r}")
     unknown = sorted(set(doc) - _HINTS_TOP)

@@ -18,6 +18,7 @@ import functools
 import json
 import math
 import re
+import tomllib
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped]
 
 from kk3evidence import _resources
+from kk3evidence.errors import Kk3Error
 from kk3evidence.model import Problem
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "json_depth",
     "json_shape",
     "load_schema",
+    "load_toml",
     "parse_json",
     "schema_for_member",
     "version_problem",
@@ -80,6 +83,39 @@ def load_schema(name: str) -> dict[str, Any]:
     """The parsed schema ``schemas/<name>.schema.json`` shipped with the package."""
     loaded: dict[str, Any] = json.loads(_resources.read_text("schemas", f"{name}.schema.json"))
     return loaded
+
+
+def load_toml(
+    text: str | bytes,
+    source: str,
+    *,
+    error: type[Kk3Error],
+    schema: str | None = None,
+    schema_id: str | None = None,
+) -> dict[str, Any]:
+    """The one loader of our TOML data (rules, compatibility rules, flag classes, stage hints,
+    ladder plans): parse, check the ``schema = "..."`` id when ``schema_id`` is given, validate
+    against ``schemas/<schema>.schema.json`` when ``schema`` is given. Any problem raises
+    ``error`` with a one-line message that says where (file, JSON path) and what to do.
+    """
+    try:
+        doc = tomllib.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise error(f"{source}: not valid TOML ({exc}); fix the file") from None
+    if schema_id is not None and doc.get("schema") != schema_id:
+        raise error(f"{source}: $.schema is {doc.get('schema')!r}, expected {schema_id!r}")
+    if schema is not None:
+        errors = sorted(
+            _validator(schema).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))
+        )
+        if errors:
+            e = errors[0]
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise error(
+                f"{source}: {e.json_path}: {' '.join(e.message.split())[:200]}{more} "
+                f"(see schemas/{schema}.schema.json)"
+            )
+    return doc
 
 
 @functools.cache

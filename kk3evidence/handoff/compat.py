@@ -12,16 +12,14 @@ Files without a ``recipe`` key apply to every bundle; a recipe file applies when
 
 from __future__ import annotations
 
-import functools
-import json
 import re
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from kk3evidence import _resources
+from kk3evidence.bundle.schema import load_toml
 from kk3evidence.errors import EXIT_INCOMPATIBLE, EXIT_OK, RuleError, UsageError
 from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.diff import serve_command
@@ -129,19 +127,8 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 def _parse_rule_file(name: str, text: str) -> list[CompatRule]:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RuleError(f"rules/compat/{name}: not valid TOML ({exc})") from exc
-    if data.get("schema") != RULES_SCHEMA:
-        raise RuleError(f"rules/compat/{name}: schema must be {RULES_SCHEMA!r}")
-    import jsonschema  # type: ignore[import-untyped]
-
-    validator = jsonschema.Draft202012Validator(_file_schema())
-    for err in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
-        raise RuleError(f"rules/compat/{name}: ${path}: {err.message} "
-                        "(see schemas/compat-rule.schema.json)")
+    data = load_toml(text, f"rules/compat/{name}", error=RuleError, schema="compat-rule",
+                     schema_id=RULES_SCHEMA)
     recipe = data.get("recipe")
     out: list[CompatRule] = []
     for i, raw in enumerate(data.get("rule") or []):
@@ -168,17 +155,11 @@ def _parse_rule_file(name: str, text: str) -> list[CompatRule]:
     return out
 
 
-@functools.lru_cache(maxsize=1)
-def _file_schema() -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads(_resources.read_text("schemas",
-                                                            "compat-rule.schema.json"))
-    return schema
-
-
 def _recipe_models() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for node in _compat_files():
-        data = tomllib.loads(node.read_text(encoding="utf-8"))
+        data = load_toml(node.read_text(encoding="utf-8"), f"rules/compat/{node.name}",
+                         error=RuleError)
         if data.get("recipe"):
             out[str(data["recipe"])] = [str(m) for m in data.get("models") or []]
     return out

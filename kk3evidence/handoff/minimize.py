@@ -17,7 +17,6 @@ the minimal command with the guide's fixed request; each later step changes exac
 from __future__ import annotations
 
 import json
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -25,6 +24,7 @@ from typing import Any
 
 from kk3evidence import _resources
 from kk3evidence._version import __version__
+from kk3evidence.bundle.schema import load_toml
 from kk3evidence.errors import InputError
 from kk3evidence.vllm_args import (
     ArgTable,
@@ -99,10 +99,7 @@ def load_flag_classes(text: str | None = None) -> FlagClasses:
     source = "data/flag-classes.toml"
     if text is None:
         text = _resources.read_text("data", "flag-classes.toml")
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{source}: not valid TOML ({exc})") from None
+    doc = load_toml(text, source, error=InputError)
 
     def rules(key: str) -> dict[str, FlagRule]:
         out: dict[str, FlagRule] = {}

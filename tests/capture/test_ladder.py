@@ -137,7 +137,7 @@ QUIET = Progress(enabled=False)
 def test_a_plan_that_is_not_toml_is_an_input_error(tmp_path: Path) -> None:
     p = tmp_path / "bad.toml"
     p.write_text("schema = [")
-    with pytest.raises(InputError, match="not a valid TOML plan"):
+    with pytest.raises(InputError, match="not valid TOML"):
         load_plan(p)
 
 

@@ -28,7 +28,6 @@ import signal
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from typing import Any
 
 from kk3evidence.analysis.engine import analyze
 from kk3evidence.bundle.archive import validate
+from kk3evidence.bundle.schema import load_toml
 from kk3evidence.errors import InputError, Kk3Error, UsageError
 from kk3evidence.handoff.diff import diff
 from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec
@@ -133,25 +133,8 @@ def load_plan(path: str | Path) -> Plan:
 
 def parse_plan(data: bytes | str, source: str = "plan") -> Plan:
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        doc = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise InputError(f"{source}: not a valid TOML plan ({exc})") from None
-    if doc.get("schema") != PLAN_SCHEMA:
-        raise InputError(
-            f"{source}: $.schema is {doc.get('schema')!r}, expected {PLAN_SCHEMA!r}; "
-            "write the plan with 'kk3evidence minimize'"
-        )
-    from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
-
-    from kk3evidence.bundle.schema import load_schema
-
-    validator = Draft202012Validator(load_schema("ladder-plan"))
-    errors = sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))
-    if errors:
-        e = errors[0]
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise InputError(f"{source}: {e.json_path}: {' '.join(e.message.split())[:200]}{more}")
+    # (a plan is written by 'kk3evidence minimize'; the schema says what a hand-written one needs)
+    doc = load_toml(raw, source, error=InputError, schema="ladder-plan", schema_id=PLAN_SCHEMA)
     defaults = RequestSpec.from_json((doc.get("plan") or {}).get("request") or {})
     steps: list[PlanStep] = []
     for i, s in enumerate(doc["step"]):
