@@ -46,7 +46,19 @@ Stage = str
 Category = str
 StageStatus = Literal["completed", "failed", "started"]
 
-ANALYSIS_SCHEMA = "kk3evidence/analysis/v1"
+# Every versioned document kk3evidence reads or writes, by kind: "kk3evidence/<kind>/v<MAJOR>".
+# One table, so a reader and a writer can never disagree on an id (docs/bundle-format.md).
+FORMAT_IDS: dict[str, str] = {
+    kind: f"kk3evidence/{kind}/v1"
+    for kind in (
+        "analysis", "bundle", "staging", "manifest", "fingerprint", "launch", "notes",
+        "request", "prefix-probe", "diff", "check", "compare", "compat-rules", "rules",
+        "stage-hints", "flag-classes", "vllm-args", "ladder-plan", "ladder-state",
+        "ladder-result",
+    )
+}
+
+ANALYSIS_SCHEMA = FORMAT_IDS["analysis"]
 
 
 @dataclass(frozen=True, slots=True)

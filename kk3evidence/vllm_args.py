@@ -26,6 +26,7 @@ from typing import Any, TypeAlias
 
 from kk3evidence import _resources
 from kk3evidence.errors import InputError
+from kk3evidence.model import FORMAT_IDS
 
 __all__ = [
     "DEFAULT",
@@ -47,7 +48,7 @@ __all__ = [
 Scalar: TypeAlias = str | bool | int | float
 FlagValue: TypeAlias = str | bool | int | float | tuple[str | int | float, ...] | None
 
-TABLE_SCHEMA = "kk3evidence/vllm-args/v1"
+TABLE_SCHEMA = FORMAT_IDS["vllm-args"]
 # vLLM's host default (None) binds every interface; a client connects through loopback.
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
 DEFAULT_PORT = 8000

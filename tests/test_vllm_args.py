@@ -288,3 +288,11 @@ def test_real_scenarios_differ_by_exactly_the_flag_they_changed(realruns: Path) 
     assert [c.name for c in flag_diff(base, pc)] == ["enable-prefix-caching"]
     tp = parse_serve_command((realruns / "fail_bad_arg_tp4" / "command.txt").read_text())
     assert [c.describe() for c in flag_diff(base, tp)] == ["tensor-parallel-size: 1 (default) -> 4"]
+
+
+def test_the_standalone_extractor_writes_the_format_id_of_the_table() -> None:
+    # _vllm_extract.py runs inside vLLM's interpreter without kk3evidence, so it keeps a literal.
+    from kk3evidence import _vllm_extract
+    from kk3evidence.model import FORMAT_IDS
+
+    assert _vllm_extract.SCHEMA == FORMAT_IDS["vllm-args"]

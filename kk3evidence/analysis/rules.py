@@ -29,7 +29,7 @@ from kk3evidence.analysis.grammar import (
 )
 from kk3evidence.bundle.schema import load_toml
 from kk3evidence.errors import RuleError
-from kk3evidence.model import CATEGORIES, RULE_STATUSES, SEVERITIES, STAGES
+from kk3evidence.model import CATEGORIES, FORMAT_IDS, RULE_STATUSES, SEVERITIES, STAGES
 
 __all__ = [
     "KINDS",
@@ -378,7 +378,7 @@ def load_rule_files(
     return _load_docs(docs, strict=strict)
 
 
-RULES_SCHEMA = "kk3evidence/rules/v1"
+RULES_SCHEMA = FORMAT_IDS["rules"]
 
 
 def _is_rule_doc(text: str) -> bool:
@@ -418,7 +418,7 @@ def check_rules() -> RuleSet:
 # rules/stage-hints.toml
 # --------------------------------------------------------------------------------------------
 
-STAGE_HINTS_SCHEMA = "kk3evidence/stage-hints/v1"
+STAGE_HINTS_SCHEMA = FORMAT_IDS["stage-hints"]
 _HINT_KEYS = frozenset({"stage", "frame", "line"})
 _HINTS_TOP = frozenset(
     {"schema", "context_categories", "fixed_rules", "window_before", "window_after", "hint"}

@@ -37,7 +37,7 @@ from kk3evidence._version import __version__
 from kk3evidence.bundle import schema as _schema
 from kk3evidence.bundle.tarsafe import CHUNK, ArchiveError, Limits, SafeTar
 from kk3evidence.errors import BundleError
-from kk3evidence.model import Problem
+from kk3evidence.model import FORMAT_IDS, Problem
 
 if TYPE_CHECKING:
     from kk3evidence.bundle.redact import Redactor
@@ -60,8 +60,8 @@ __all__ = [
     "validate",
 ]
 
-BUNDLE_SCHEMA = "kk3evidence/bundle/v1"
-STAGING_SCHEMA = "kk3evidence/staging/v1"
+BUNDLE_SCHEMA = FORMAT_IDS["bundle"]
+STAGING_SCHEMA = FORMAT_IDS["staging"]
 STAGING_MARKER = "staging.json"
 MANIFEST = "manifest.json"
 # manifest.json cannot list itself: its "self_sha256" is the sha256 of its own bytes with that

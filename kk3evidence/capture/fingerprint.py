@@ -29,7 +29,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-FINGERPRINT_SCHEMA = "kk3evidence/fingerprint/v1"
+from kk3evidence.model import FORMAT_IDS
+
+FINGERPRINT_SCHEMA = FORMAT_IDS["fingerprint"]
 
 T = TypeVar("T")
 

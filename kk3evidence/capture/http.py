@@ -20,7 +20,9 @@ from typing import Any
 
 import httpx
 
-REQUEST_SCHEMA = "kk3evidence/request/v1"
+from kk3evidence.model import FORMAT_IDS
+
+REQUEST_SCHEMA = FORMAT_IDS["request"]
 DEFAULT_PORT = 8000
 DEFAULT_HOST = "127.0.0.1"
 

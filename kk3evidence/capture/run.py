@@ -44,13 +44,13 @@ from kk3evidence.capture import http as probe
 from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
 from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
-from kk3evidence.model import STAGES
+from kk3evidence.model import FORMAT_IDS, STAGES
 from kk3evidence.vllm_args import is_vllm_serve
 
 LOG_MEMBER = "logs/combined.log"
-LAUNCH_SCHEMA = "kk3evidence/launch/v1"
-NOTES_SCHEMA = "kk3evidence/notes/v1"
-PREFIX_PROBE_SCHEMA = "kk3evidence/prefix-probe/v1"
+LAUNCH_SCHEMA = FORMAT_IDS["launch"]
+NOTES_SCHEMA = FORMAT_IDS["notes"]
+PREFIX_PROBE_SCHEMA = FORMAT_IDS["prefix-probe"]
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -35,6 +35,7 @@ from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.compat import check_evidence, load_compat_rules
 from kk3evidence.handoff.diff import request_signature, serve_command
 from kk3evidence.handoff.evidence import Evidence, dig, other_gpu_processes
+from kk3evidence.model import FORMAT_IDS
 
 __all__ = ["Comparison", "Decision", "RunGroup", "compare", "compare_evidence"]
 
@@ -111,7 +112,7 @@ class Comparison:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema": "kk3evidence/compare/v1",
+            "schema": FORMAT_IDS["compare"],
             "runs": self.runs.to_dicts(),
             "groups": [g.to_json() for g in self.groups],
             "decision": self.decision.to_json(),

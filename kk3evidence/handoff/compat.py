@@ -24,6 +24,7 @@ from kk3evidence.errors import EXIT_INCOMPATIBLE, EXIT_OK, RuleError, UsageError
 from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.diff import serve_command
 from kk3evidence.handoff.evidence import Evidence, dig
+from kk3evidence.model import FORMAT_IDS
 
 __all__ = [
     "CheckResult",
@@ -38,7 +39,7 @@ __all__ = [
 Status = Literal["pass", "fail", "unknown"]
 Level = Literal["error", "warning"]
 
-RULES_SCHEMA = "kk3evidence/compat-rules/v1"
+RULES_SCHEMA = FORMAT_IDS["compat-rules"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +109,7 @@ class CheckResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema": "kk3evidence/check/v1",
+            "schema": FORMAT_IDS["check"],
             "source": self.source,
             "recipe": self.recipe,
             "recipe_auto": self.recipe_auto,

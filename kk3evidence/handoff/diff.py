@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from kk3evidence.errors import EXIT_OK, EXIT_SEVERAL_CHANGED, InputError
 from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.evidence import Evidence, dig
+from kk3evidence.model import FORMAT_IDS
 
 __all__ = ["Change", "DiffResult", "diff", "diff_evidence"]
 
@@ -122,7 +123,7 @@ class DiffResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema": "kk3evidence/diff/v1",
+            "schema": FORMAT_IDS["diff"],
             "a": self.a,
             "b": self.b,
             "verdict": self.verdict,

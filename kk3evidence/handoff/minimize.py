@@ -26,6 +26,7 @@ from kk3evidence import _resources
 from kk3evidence._version import __version__
 from kk3evidence.bundle.schema import load_toml
 from kk3evidence.errors import InputError
+from kk3evidence.model import FORMAT_IDS
 from kk3evidence.vllm_args import (
     ArgTable,
     FlagValue,
@@ -52,7 +53,7 @@ __all__ = [
     "plan_to_toml",
 ]
 
-PLAN_SCHEMA = "kk3evidence/ladder-plan/v1"
+PLAN_SCHEMA = FORMAT_IDS["ladder-plan"]
 FLAG_CLASSES: tuple[str, ...] = (
     "needed",
     "feature",

@@ -41,6 +41,7 @@ from kk3evidence.bundle.schema import load_toml
 from kk3evidence.errors import InputError, Kk3Error, UsageError
 from kk3evidence.handoff.diff import diff
 from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec
+from kk3evidence.model import FORMAT_IDS
 
 __all__ = [
     "LADDER_STATE_SCHEMA",
@@ -53,7 +54,7 @@ __all__ = [
     "run_ladder",
 ]
 
-LADDER_STATE_SCHEMA = "kk3evidence/ladder-state/v1"
+LADDER_STATE_SCHEMA = FORMAT_IDS["ladder-state"]
 STATE_FILE = "ladder-state.json"
 
 _WORDS = (
@@ -333,7 +334,7 @@ class LadderResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema": "kk3evidence/ladder-result/v1",
+            "schema": FORMAT_IDS["ladder-result"],
             "verdict": self.verdict,
             "changed_step": self.changed,
             "last_stable_step": self.last_stable,
