@@ -196,10 +196,6 @@ class Prefilter:
             out[aid] = -1
         return out
 
-    def last_offset(self, block: bytes, anchor_id: int) -> int:
-        """Start offset of the last occurrence of an anchor in ``block`` (or -1)."""
-        return block.rfind(self.anchor_bytes[anchor_id])
-
 
 def _automaton(anchor_bytes: Sequence[bytes]) -> Any:
     import ahocorasick

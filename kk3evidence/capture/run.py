@@ -45,7 +45,6 @@ from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
 from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
 from kk3evidence.model import FORMAT_IDS, STAGES
-from kk3evidence.vllm_args import is_vllm_serve
 
 LOG_MEMBER = "logs/combined.log"
 LAUNCH_SCHEMA = FORMAT_IDS["launch"]
@@ -439,9 +438,6 @@ class _Run:
             return True
         return True
 
-
-def _is_server_command(argv: Sequence[str]) -> bool:
-    return is_vllm_serve(argv)
 
 
 def _serve_info(argv: Sequence[str]) -> Any:
