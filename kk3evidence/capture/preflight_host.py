@@ -343,3 +343,24 @@ def _existing_parent(path: str) -> str | None:
         if cand.exists():
             return str(cand)
     return None
+
+
+def preflight_member(argv: Sequence[str], env: Mapping[str, str], shown_argv: Sequence[str],
+                     redact: Any, recipe: str | None = None) -> tuple[dict[str, object], str]:
+    """``preflight.json`` for ``capture --preflight`` and a one-line summary for the operator.
+
+    ``shown_argv`` is the redacted argv; every evidence string passes through ``redact`` (the
+    bundle's redactor ``.text``) so a secret the probes echo never reaches the bundle.
+    """
+    result = run_preflight(argv, recipe=recipe, env=env)
+    doc = result.to_json()
+    doc["argv"] = list(shown_argv)
+    for check in doc["checks"]:  # type: ignore[attr-defined]
+        check["summary"] = redact(check["summary"], where="preflight.json")
+        check["evidence"] = [redact(e, where="preflight.json") for e in check["evidence"]]
+    n = result.counts()
+    failed = ", ".join(c.id for c in result.failed)
+    line = (f"preflight: {n['fail']} fail, {n['warn']} warn, {n['unknown']} unknown, "
+            f"{n['pass']} pass in {result.seconds:.2f} s" + (f" - FAILED: {failed}" if failed
+                                                            else ""))
+    return doc, line
