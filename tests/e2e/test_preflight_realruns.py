@@ -11,10 +11,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from e2e.preflight_scenarios import EXPECTED, build
 
 from kk3evidence.capture.preflight_host import run_preflight
-
-from e2e.preflight_scenarios import EXPECTED, build
 
 GiB = 1 << 30
 pytestmark = pytest.mark.vllm  # reads the installed vLLM CPU build; starts no server

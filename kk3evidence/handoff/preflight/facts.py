@@ -151,6 +151,18 @@ class Fact:
     def get(self, name: str, default: JsonValue = None) -> JsonValue:
         return self.params.get(name, default)
 
+    def items(self, name: str) -> list[JsonValue]:
+        v = self.params.get(name)
+        return list(v) if isinstance(v, list) else []
+
+    def number(self, name: str, default: float) -> float:
+        v = self.params.get(name)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+
+    def table(self, name: str) -> dict[str, str]:
+        v = self.params.get(name)
+        return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else {}
+
 
 @lru_cache(maxsize=1)
 def load_facts() -> Mapping[str, Fact]:

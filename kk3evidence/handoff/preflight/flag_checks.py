@@ -55,8 +55,8 @@ def _load_format_problems(ctx: Ctx, ev: list[str]) -> list[str]:
     if value is None:
         return []
     fact = ctx.fact("load-formats")
-    known = [str(x) for x in fact.get("known") or []]  # type: ignore[union-attr]
-    packages = dict(fact.get("packages") or {})  # type: ignore[call-overload]
+    known = [str(x) for x in fact.items("known")]
+    packages = fact.table("packages")
     ev.append(f"--load-format: {value}")
     if str(value) not in known:
         return [f"--load-format {value} is not a load format of vLLM 0.32 "

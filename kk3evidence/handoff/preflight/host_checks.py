@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from kk3evidence.handoff.preflight.facts import GpuDevice
 from kk3evidence.handoff.preflight.model_checks import (
-    GiB,
     Ctx,
+    GiB,
     checkpoint_bytes,
     heads,
     kv_bytes_per_token,
 )
-from kk3evidence.handoff.preflight.result import Check
+from kk3evidence.handoff.preflight.result import Check, Status
 
 MiB = 1 << 20
 _MULTI_NODE = ("nnodes", "node-rank", "master-addr", "headless", "data-parallel-address",
@@ -133,8 +133,8 @@ def check_weights_fit(ctx: Ctx) -> Check | None:
     split = tp * pp * (ctx.cmd.data_parallel_size
                        if ctx.cmd.flags.get("enable-expert-parallel") is True else 1)
     per_rank = total // max(split, 1)
-    util = ctx.cmd.gpu_memory_utilization or float(
-        ctx.fact("gpu-memory").get("default_utilization") or 0.9)  # type: ignore[arg-type]
+    util = ctx.cmd.gpu_memory_utilization or ctx.fact("gpu-memory").number(
+        "default_utilization", 0.9)
     ev = [f"checkpoint: {total / GiB:.2f} GiB split over {split} rank(s) -> "
           f"{per_rank / GiB:.2f} GiB each", f"--gpu-memory-utilization: {util}"]
     devices, dev_ev = visible_devices(ctx)
@@ -143,7 +143,7 @@ def check_weights_fit(ctx: Ctx) -> Check | None:
         if ctx.facts.vllm.cpu_build and ctx.facts.mem_available_bytes is not None:
             avail = ctx.facts.mem_available_bytes
             ev.append(f"host MemAvailable: {avail / GiB:.2f} GiB (CPU build: weights in RAM)")
-            status = "pass" if total < avail else "fail"
+            status: Status = "pass" if total < avail else "fail"
             return ctx.check("memory.weights-fit", "memory", status,
                              f"{total / GiB:.2f} GiB of weights vs {avail / GiB:.2f} GiB free RAM",
                              ev, "gpu-memory", "Free host memory or use a smaller model.")
@@ -235,7 +235,7 @@ def check_cpu_head_size(ctx: Ctx) -> Check | None:
     if not ctx.facts.vllm.cpu_build or ctx.config is None:
         return None
     _, _, head_dim = heads(ctx)
-    sizes = [int(s) for s in ctx.fact("cpu-head-sizes").get("sizes") or []]  # type: ignore[union-attr]
+    sizes = [int(str(s)) for s in ctx.fact("cpu-head-sizes").items("sizes")]
     ev = [f"config head_dim: {head_dim}", f"CPU attention head sizes: {sizes}"]
     if head_dim is None:
         return ctx.check("memory.head-size", "memory", "unknown", "head_dim unknown", ev,
@@ -313,20 +313,20 @@ def check_shm(ctx: Ctx) -> Check:
     if world <= 1:
         return ctx.check("host.shm", "host", "pass",
                          f"/dev/shm {shm / MiB:.0f} MiB (one rank: little is needed)", ev, "shm")
-    fail_at = int(fact.get("fail_at_or_below_bytes") or 0)  # type: ignore[call-overload]
-    warn_below = int(fact.get("warn_below_bytes") or 0)  # type: ignore[call-overload]
+    fail_at = fact.number("fail_at_or_below_bytes", 0)
+    warn_below = fact.number("warn_below_bytes", 0)
     nxt = "Run the container with --ipc=host or --shm-size 16g (or more)."
     if shm <= fail_at:
         return ctx.check("host.shm", "host", "fail",
                          f"/dev/shm is {shm / MiB:.0f} MiB (docker's default) with {world} ranks",
                          ev, "shm", nxt)
-    status = "warn" if shm < warn_below else "pass"
+    status: Status = "warn" if shm < warn_below else "pass"
     return ctx.check("host.shm", "host", status, f"/dev/shm {shm / MiB:.0f} MiB for {world} ranks",
                      ev, "shm", nxt)
 
 
 def check_nofile(ctx: Ctx) -> Check:
-    need = int(ctx.fact("ulimit").get("min") or 65535)  # type: ignore[call-overload]
+    need = int(ctx.fact("ulimit").number("min", 65535))
     lim = ctx.facts.nofile
     if lim is None:
         return ctx.check("host.nofile", "host", "unknown", "ulimit -n unknown", [], "ulimit")
@@ -347,7 +347,7 @@ def check_disk(ctx: Ctx) -> Check:
     if free is None:
         return ctx.check("host.disk", "host", "unknown", "free space of the cache folder unknown",
                          ev, "disk")
-    need = int(ctx.fact("disk").get("warn_below_bytes") or 0)  # type: ignore[call-overload]
+    need = ctx.fact("disk").number("warn_below_bytes", 0)
     if free >= need:
         return ctx.check("host.disk", "host", "pass", f"{free / GiB:.1f} GiB free for caches",
                          ev, "disk")

@@ -30,8 +30,9 @@ class Ctx:
     def fact(self, key: str) -> Fact:
         return load_facts()[key]
 
-    def check(self, id_: str, area: str, status: Status, summary: str, evidence: list[str],
-              fact: str | None = None, next_step: str | None = None) -> Check:
+    def check(self, id_: str, area: str, status: Status, summary: str,  # noqa: PLR0917
+              evidence: list[str], fact: str | None = None,
+              next_step: str | None = None) -> Check:
         f = self.fact(fact) if fact else None
         return Check(id_, area, status, summary, tuple(evidence),
                      next_step if status in ("fail", "warn") else None,
@@ -102,8 +103,8 @@ def check_config(ctx: Ctx) -> Check | None:
 def check_architecture(ctx: Ctx) -> Check | None:
     if ctx.config is None:
         return None
-    archs = [str(a) for a in ctx.config.get("architectures") or []
-             ] if isinstance(ctx.config.get("architectures"), list) else []
+    raw = ctx.config.get("architectures")
+    archs = [str(a) for a in raw] if isinstance(raw, list) else []
     known = ctx.facts.vllm.registry_archs
     ev = [f"config architectures: {archs or '(none)'}"]
     if known is None:
@@ -126,7 +127,7 @@ def check_architecture(ctx: Ctx) -> Check | None:
 def _auto_map_modules(auto_map: Mapping[str, object]) -> list[str]:
     mods: list[str] = []
     for ref in auto_map.values():
-        for r in ref if isinstance(ref, list) else [ref]:
+        for r in list(ref) if isinstance(ref, (list, tuple)) else [ref]:
             if isinstance(r, str) and "." in r:
                 mods.append(r.rsplit(".", 1)[0])
     return sorted(set(mods))
@@ -260,7 +261,7 @@ def check_size(ctx: Ctx) -> Check | None:
 
 def derived_max_len(ctx: Ctx) -> tuple[int | None, list[str]]:
     cfg = ctx.text_config
-    keys = [str(k) for k in ctx.fact("max-model-len").get("keys") or []]  # type: ignore[union-attr]
+    keys = [str(k) for k in ctx.fact("max-model-len").items("keys")]
     found = [(k, cfg_int(cfg, k)) for k in keys if cfg_int(cfg, k) is not None]
     if not found:
         return None, ["config: none of " + ", ".join(keys)]

@@ -8,6 +8,7 @@ sources disagree (``[[disagreement]]`` tables) every source is named and the ver
 
 from __future__ import annotations
 
+import operator
 import tomllib
 from collections.abc import Mapping, Sequence
 
@@ -80,9 +81,13 @@ def _measure(ctx: Ctx, measure: str, default: object) -> tuple[object, str]:
     kind, _, name = measure.partition(":")
     if kind == "env":
         raw = ctx.facts.env.get(name)
-        return (raw if raw is not None else default), f"env {name}: {raw if raw is not None else f'(unset, default {default})'}"
+        if raw is None:
+            return default, f"env {name}: (unset, default {default})"
+        return raw, f"env {name}: {raw}"
     value = ctx.cmd.flags.get(name)
-    return (value if value is not None else default), f"--{name}: {value if value is not None else f'(absent, default {default})'}"
+    if value is None:
+        return default, f"--{name}: (absent, default {default})"
+    return value, f"--{name}: {value}"
 
 
 def _holds(value: object, claim: Mapping[str, object]) -> bool | None:
@@ -99,7 +104,7 @@ def _holds(value: object, claim: Mapping[str, object]) -> bool | None:
     if "equals" in claim:
         a, b = num(value), num(claim["equals"])
         return a == b if a is not None and b is not None else str(value) == str(claim["equals"])
-    for key, ok in (("min", lambda a, b: a >= b), ("max", lambda a, b: a <= b)):
+    for key, ok in (("min", operator.ge), ("max", operator.le)):
         if key in claim:
             a, b = num(value), num(claim[key])
             if a is None or b is None or type(a) is not type(b):

@@ -63,7 +63,7 @@ class PreflightResult:
         return EXIT_INCOMPATIBLE if self.failed else EXIT_OK
 
     def counts(self) -> dict[str, int]:
-        out = {s: 0 for s in ("pass", "fail", "warn", "unknown")}
+        out = dict.fromkeys(("pass", "fail", "warn", "unknown"), 0)
         for c in self.checks:
             out[c.status] += 1
         return out
