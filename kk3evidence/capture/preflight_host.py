@@ -7,6 +7,7 @@ made by :mod:`kk3evidence.handoff.preflight`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import json
@@ -282,9 +283,12 @@ def _holders(port: int) -> tuple[str, ...]:
     for pid in (d for d in os.listdir("/proc") if d.isdigit()):
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
-            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds}
         except OSError:
             continue
+        links = set()
+        for fd in fds:  # one fd closing while we look must not hide the others
+            with contextlib.suppress(OSError):
+                links.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
         if any(f"socket:[{i}]" in links for i in inodes):
             found.append(f"pid {pid} ({_cmdline(pid)})")
     return tuple(found)

@@ -9,6 +9,7 @@ import click
 from kk3evidence.capture.preflight_host import run_preflight
 from kk3evidence.errors import UsageError
 from kk3evidence.handoff.preflight import PreflightResult
+from kk3evidence.vllm_args import is_vllm_serve
 
 from ._common import echo_json, handle_errors
 
@@ -56,6 +57,9 @@ def command(recipe: str | None, as_json: bool, verbose: bool, cmd: tuple[str, ..
     """
     if not cmd:
         raise UsageError("give the command after --: kk3evidence preflight -- vllm serve MODEL ...")
+    if not is_vllm_serve(cmd):
+        raise UsageError(f"preflight checks a vLLM serve command, not {' '.join(cmd[:3])!r}; "
+                         "usage: kk3evidence preflight -- vllm serve MODEL ...")
     result = run_preflight(list(cmd), recipe=recipe)
     if as_json:
         echo_json(result.to_json())
