@@ -56,3 +56,22 @@ def test_preflight_predicts_the_real_outcome(name: str, vllm_cpu: Any, vllm_tool
     gpu_jobs = next(c for c in result.checks if c.id == "host.gpu-jobs")
     if facts.gpus.source != "nvml":
         assert gpu_jobs.status == "unknown"
+
+
+@pytest.mark.slow
+def test_capture_preflight_predicts_what_the_real_start_then_does(capture_real: Any) -> None:
+    """One real start (context too long: vLLM exits in seconds): the prediction stored in
+    preflight.json and the real failure analysed from the log land in the same bundle."""
+    from kk3evidence.bundle.archive import open_bundle
+
+    ran = capture_real("ctx", "--max-model-len", "1000000", capture_opts=("--preflight",))
+    assert ran.returncode != 0
+    with open_bundle(ran.bundle) as b:
+        pre, analysis = b.preflight, b.analysis
+        log = b"".join(b.iter_log_lines())
+    assert pre is not None and analysis is not None
+    failed = {c["id"] for c in pre["checks"] if c["status"] == "fail"}
+    assert failed == {"memory.context-length"}
+    assert pre["seconds"] < 2
+    assert analysis["first_failure"]["category"] == "config"
+    assert b"User-specified max_model_len (1000000) is greater than" in log
