@@ -11,7 +11,11 @@ _PARSERS = (("tool-call-parser", "tool_call_parsers", "tool-parser-plugin"),
 
 def _table_ev(ctx: Ctx) -> str:
     t = ctx.cmd.table
-    return f"argument table: {t.source if t else '?'} (vLLM {t.vllm_version if t else '?'})"
+    text = f"argument table: {t.source if t else '?'} (vLLM {t.vllm_version if t else '?'})"
+    installed = ctx.facts.vllm.version
+    if t and installed and installed.split(".")[:2] != t.vllm_version.split(".")[:2]:
+        text += f"; no table shipped for the installed vLLM {installed}: judged with this one"
+    return text
 
 
 def check_unknown(ctx: Ctx) -> Check:

@@ -49,7 +49,8 @@ def compat_checks(ctx: Ctx, argv: Sequence[str], recipe: str | None) -> tuple[li
         area = "recipe" if r.rule.recipe else "host"
         evidence = tuple(e.replace("fingerprint ", "host ").replace("launch argv", "command")
                          for e in r.evidence)
-        out.append(Check(f"{area}.{r.rule.id}", area, status, f"{r.rule.summary} - {r.reason}",
+        reason = r.reason.replace("in the fingerprint", "known before launch")
+        out.append(Check(f"{area}.{r.rule.id}", area, status, f"{r.rule.summary} - {reason}",
                          evidence, r.rule.next_steps if status in ("fail", "warn") else None,
                          r.rule.source, r.rule.source_date))
     return out, result.recipe, result.recipe_auto
