@@ -19,10 +19,10 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import BinaryIO
 
 from kk3evidence.capture.fingerprint import collect_gpus, find_interpreter
 from kk3evidence.handoff.preflight import (
@@ -46,7 +46,7 @@ _ARCH_RE = re.compile(r'^\s*"([A-Za-z0-9_]+)"\s*:\s*\(', re.M)
 
 
 def run_preflight(argv: Sequence[str], *, recipe: str | None = None,
-                  env: Mapping[str, str] | None = None, nvml: Any = None) -> PreflightResult:
+                  env: Mapping[str, str] | None = None, nvml: object = None) -> PreflightResult:
     """Probe the host for ``argv`` and judge it (the ``preflight`` command's library form)."""
     t0 = time.monotonic()
     facts = collect_facts(argv, env=env, nvml=nvml)
@@ -54,7 +54,7 @@ def run_preflight(argv: Sequence[str], *, recipe: str | None = None,
 
 
 def collect_facts(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                  nvml: Any = None) -> HostFacts:
+                  nvml: object = None) -> HostFacts:
     env = dict(os.environ if env is None else env)
     cmd = parse_serve_argv(argv)  # raises InputError for a non-vllm command
     env = {**env, **cmd.env}  # `env A=B vllm serve ...` assignments apply to the server
@@ -192,7 +192,7 @@ def _file_fact(folder: Path, entry: Path) -> FileFact:
     return FileFact(name, size)
 
 
-def _safetensors_problem(fh: Any, head: bytes, size: int) -> tuple[str | None, int | None]:
+def _safetensors_problem(fh: BinaryIO, head: bytes, size: int) -> tuple[str | None, int | None]:
     """Compare a safetensors file's length with what its header declares."""
     if len(head) < 8:
         return f"only {size} bytes: no safetensors header", None
@@ -240,7 +240,7 @@ def _index_shards(folder: Path) -> tuple[tuple[str, ...] | None, str | None]:
 # --- GPUs, port, limits ------------------------------------------------------------------------
 
 
-def probe_gpus(nvml: Any = None) -> GpuFacts:
+def probe_gpus(nvml: object = None) -> GpuFacts:
     raw = collect_gpus(nvml)
     devices = []
     for d in raw.get("devices") or []:
@@ -350,7 +350,8 @@ def _existing_parent(path: str) -> str | None:
 
 
 def preflight_member(argv: Sequence[str], env: Mapping[str, str], shown_argv: Sequence[str],
-                     redact: Any, recipe: str | None = None) -> tuple[dict[str, object], str]:
+                     redact: Callable[..., str],
+                     recipe: str | None = None) -> tuple[dict[str, object], str]:
     """``preflight.json`` for ``capture --preflight`` and a one-line summary for the operator.
 
     ``shown_argv`` is the redacted argv; every evidence string passes through ``redact`` (the

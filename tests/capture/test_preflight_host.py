@@ -116,3 +116,31 @@ def test_capture_without_preflight_writes_no_preflight_member(tmp_path: Path) ->
     assert ran.returncode == 0
     with open_bundle(bundle) as b:
         assert "preflight.json" not in b.names()
+
+
+def test_nvml_facts_flow_into_the_gpu_memory_checks(tmp_path: Path) -> None:
+    """The probe path with NVML (injected, pynvml's names): budgets, other jobs, visibility."""
+    from capture.test_fingerprint import FakeNvml
+
+    gib = 1 << 30
+    nvml = FakeNvml([
+        {"name": "NVIDIA H200", "uuid": "GPU-a", "bus": "0:18", "total": 141 * gib,
+         "used": 100 * gib, "mig": None, "procs": [(4242, 100 * gib)]},
+        {"name": "NVIDIA H200", "uuid": "GPU-b", "bus": "0:2A", "total": 141 * gib,
+         "used": 0, "mig": None, "procs": []},
+    ])
+    vllm = fake_vllm(tmp_path)
+    m = model_dir(tmp_path, num_attention_heads=8, num_hidden_layers=2,
+                  max_position_embeddings=2048, hidden_size=256)
+    write_safetensors(m / "model.safetensors", 64 << 20)
+    env = {"PATH": os.environ.get("PATH", "")}
+    argv = [str(vllm), "serve", str(m), "--port", str(free_port())]
+    result = run_preflight([*argv, "-tp", "2"], env=env, nvml=nvml)
+    by_id = {c.id: c for c in result.checks}
+    assert by_id["flags.world-size"].status == "pass"
+    assert by_id["host.gpu-jobs"].status == "warn"
+    assert any("pid 4242" in e for e in by_id["host.gpu-jobs"].evidence)
+    assert by_id["memory.weights-fit"].status == "pass"  # 32 MiB per rank in ~27 GiB
+    hidden = run_preflight([*argv, "-tp", "2"], env={**env, "CUDA_VISIBLE_DEVICES": "1"},
+                           nvml=nvml)
+    assert "flags.world-size" in {c.id for c in hidden.failed}
