@@ -8,6 +8,8 @@ import socket
 import struct
 from pathlib import Path
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from progs.helpers import PY, base_env, free_port, run_capture
 
 from kk3evidence.bundle.archive import open_bundle, validate
@@ -144,3 +146,32 @@ def test_nvml_facts_flow_into_the_gpu_memory_checks(tmp_path: Path) -> None:
     hidden = run_preflight([*argv, "-tp", "2"], env={**env, "CUDA_VISIBLE_DEVICES": "1"},
                            nvml=nvml)
     assert "flags.world-size" in {c.id for c in hidden.failed}
+
+
+TMP_OK = HealthCheck.function_scoped_fixture  # each example rewrites the same files
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[TMP_OK])
+@given(blob=st.binary(max_size=2048), config=st.binary(max_size=512))
+def test_any_bytes_as_weights_or_config_never_crash_the_probe(tmp_path: Path, blob: bytes,
+                                                              config: bytes) -> None:
+    m = tmp_path / "m"
+    m.mkdir(exist_ok=True)
+    (m / "config.json").write_bytes(config)
+    (m / "model.safetensors").write_bytes(blob)
+    facts = probe_model(str(m), {}, None, None)
+    (st_file,) = [f for f in facts.files if f.name == "model.safetensors"]
+    assert st_file.size == len(blob)
+    # either a consistent header or a stated problem; a bad config is a stated error
+    assert st_file.header_problem is not None or st_file.expected_size == len(blob)
+    assert (facts.config is None) == (facts.config_error is not None)
+
+
+@given(header_len=st.integers(min_value=3, max_value=(1 << 64) - 1))  # 2 + "{}" is valid
+@settings(max_examples=40, deadline=None, suppress_health_check=[TMP_OK])
+def test_a_huge_declared_header_is_a_problem_not_a_read(tmp_path: Path, header_len: int) -> None:
+    p = tmp_path / "m2"
+    p.mkdir(exist_ok=True)
+    (p / "w.safetensors").write_bytes(struct.pack("<Q", header_len) + b"{}")
+    (f,) = probe_model(str(p), {}, None, None).files
+    assert f.header_problem is not None

@@ -199,3 +199,18 @@ def test_json_matches_its_schema_and_humans_read_fails_first() -> None:
 def test_every_shipped_fact_has_a_source_and_date() -> None:
     for fact in load_facts().values():
         assert fact.source and len(fact.source_date) == 10
+
+
+def test_checks_that_need_unreadable_model_files_are_listed_unknown() -> None:
+    remote = ModelFacts("org/model", None, "not cached", remote=True)
+    result = judge(serve("--max-model-len", "4096", model="org/model"), facts(model=remote))
+    assert status(result, "model.location") == "unknown"
+    for check_id in ("memory.context-length", "memory.heads-divisible", "model.weights"):
+        assert status(result, check_id) == "unknown", check_id
+
+
+def test_cuda_of_a_pypi_torch_comes_from_its_runtime_wheel() -> None:
+    v = VllmFacts("/p", "x", version="0.32.0",
+                  dists={"torch": "2.9.0", "nvidia-cuda-runtime-cu12": "12.8.90"})
+    assert v.torch_cuda == "12.8"
+    assert dataclasses.replace(v, dists={"torch": "2.9.0+cu130"}).torch_cuda == "13.0"

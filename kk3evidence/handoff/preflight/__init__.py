@@ -59,6 +59,23 @@ _CHECKS: tuple[Callable[[Ctx], Check | None], ...] = (
 )
 
 
+# checks that need the model's files; without them they are listed as unknown, not dropped
+_NEED_MODEL = (("model.architecture", "model"), ("model.remote-code", "model"),
+               ("model.weights", "model"), ("model.tokenizer", "model"), ("model.size", "model"),
+               ("memory.context-length", "memory"), ("memory.heads-divisible", "memory"),
+               ("memory.weights-fit", "memory"), ("memory.kv-cache", "memory"))
+
+
+def _not_checked(ctx: Ctx, done: set[str]) -> list[Check]:
+    why = ("needs the model's files, which could not be read before launch "
+           "(see model.location / model.config)")
+    need = list(_NEED_MODEL)
+    if ctx.facts.vllm.cpu_build:
+        need.append(("memory.head-size", "memory"))
+    return [Check(id_, area, "unknown", why, (f"model: {ctx.facts.model.how}",))
+            for id_, area in need if id_ not in done]
+
+
 def judge(
     argv: Sequence[str],
     facts: HostFacts,
@@ -81,6 +98,7 @@ def judge(
     cmd = parse_serve_argv(argv, table)
     ctx = Ctx(cmd, facts)
     checks = [c for c in (fn(ctx) for fn in _CHECKS) if c is not None]
+    checks += _not_checked(ctx, {c.id for c in checks})
     more, chosen, auto = compat_checks(ctx, argv, recipe)
     checks += more
     checks += disagreement_checks(ctx, chosen)

@@ -82,14 +82,21 @@ class VllmFacts:
 
     @property
     def torch_cuda(self) -> str | None:
-        """CUDA of the installed PyTorch from its local version (``2.9.0+cu130`` -> ``13.0``)."""
+        """CUDA of the installed PyTorch: its local version (``2.9.0+cu130`` -> ``13.0``), else
+        the version of the ``nvidia-cuda-runtime`` wheel beside it."""
         ver = self.dists.get("torch")
-        if not ver or "+cu" not in ver:
-            return None
-        digits = ver.rsplit("+cu", 1)[1]
-        if not digits.isdigit() or len(digits) < 3:
-            return None
-        return f"{digits[:-1]}.{digits[-1]}"
+        if ver and "+cu" in ver:
+            digits = ver.rsplit("+cu", 1)[1]
+            if digits.isdigit() and len(digits) >= 3:
+                return f"{digits[:-1]}.{digits[-1]}"
+        # a PyPI torch has no local version: its CUDA runtime wheel tells
+        for name in ("nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12",
+                     "nvidia-cuda-runtime-cu11"):
+            rt = self.dists.get(name, "")
+            parts = rt.split(".")
+            if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+                return f"{parts[0]}.{parts[1]}"
+        return None
 
 
 @dataclass(frozen=True, slots=True)
