@@ -34,11 +34,13 @@ if TYPE_CHECKING:
     from .bundle.redact import Redactor
     from .capture.fingerprint import collect as collect_fingerprint
     from .capture.ladder.run import LadderResult, load_plan, run_ladder
+    from .capture.preflight_host import run_preflight as preflight
     from .capture.run import CaptureOptions, CaptureResult, run_capture
     from .handoff.compare import Comparison, compare
     from .handoff.compat import CheckResult, check
     from .handoff.diff import DiffResult, diff
     from .handoff.minimize import build_plan, minimize
+    from .handoff.preflight import PreflightResult
     from .handoff.report.markdown import render_report
     from .vllm_args import ServeCommand, flag_diff, parse_serve_argv
 
@@ -73,6 +75,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "LadderResult": ("capture.ladder.run", "LadderResult"),
     "load_plan": ("capture.ladder.run", "load_plan"),
     "run_ladder": ("capture.ladder.run", "run_ladder"),
+    "PreflightResult": ("handoff.preflight", "PreflightResult"),
+    "preflight": ("capture.preflight_host", "run_preflight"),
 }
 
 
@@ -108,6 +112,7 @@ __all__ = [
     "Kk3Error",
     "LadderResult",
     "Limits",
+    "PreflightResult",
     "Problem",
     "Redactor",
     "RuleError",
@@ -128,6 +133,7 @@ __all__ = [
     "minimize",
     "open_bundle",
     "parse_serve_argv",
+    "preflight",
     "render_report",
     "run_capture",
     "run_ladder",

@@ -71,11 +71,11 @@ _ZERO_SHA = "0" * 64
 LOG_MEMBER = "logs/combined.log"
 LINES_MEMBER = "logs/lines.tsv"
 REQUIRED_MEMBERS: tuple[str, ...] = ("fingerprint.json", "launch.json", LOG_MEMBER)
-OPTIONAL_MEMBERS: tuple[str, ...] = ("notes.json", "analysis.json")
+OPTIONAL_MEMBERS: tuple[str, ...] = ("notes.json", "analysis.json", "preflight.json")
 EXTRA_FOLDERS: tuple[str, ...] = ("logs", "requests", "metrics", "probes")
 
 _MEMBER_RE = re.compile(
-    r"^(?:(?:manifest|fingerprint|launch|notes|analysis)\.json"
+    r"^(?:(?:manifest|fingerprint|launch|notes|analysis|preflight)\.json"
     r"|(?:logs|requests|metrics|probes)(?:/[A-Za-z0-9_][A-Za-z0-9._-]*)+)$"
 )
 _TOP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
@@ -388,8 +388,8 @@ class _Scanner:
                     Problem(
                         "unexpected-member",
                         "is not a v1 bundle member (allowed: manifest.json, fingerprint.json, "
-                        "launch.json, notes.json, analysis.json, logs/, requests/, metrics/, "
-                        "probes/)",
+                        "launch.json, notes.json, analysis.json, preflight.json, logs/, "
+                        "requests/, metrics/, probes/)",
                         member=_show(rest),
                     )
                 )
@@ -772,6 +772,7 @@ class Bundle:
         self.launch: dict[str, Any] | None = docs.get("launch.json")
         self.notes: dict[str, Any] | None = docs.get("notes.json")
         self.analysis: dict[str, Any] | None = docs.get("analysis.json")
+        self.preflight: dict[str, Any] | None = docs.get("preflight.json")
         self._documents: dict[str, Any] = docs
         self._members: dict[str, MemberInfo] = {
             name: MemberInfo(name, s.size, s.sha256, s.offset)
@@ -950,7 +951,8 @@ def _check_writer_name(member: str) -> str:
     if not isinstance(member, str) or not is_member_name(member):
         raise BundleError(
             f"{member!r} is not a valid bundle member name (allowed: fingerprint.json, "
-            "launch.json, notes.json, analysis.json, logs/…, requests/…, metrics/…, probes/…)"
+            "launch.json, notes.json, analysis.json, preflight.json, logs/…, requests/…, "
+            "metrics/…, probes/…)"
         )
     if member == MANIFEST:
         raise BundleError("manifest.json is written by finalize(), not by hand")

@@ -52,6 +52,7 @@ MEMBER_SCHEMAS: dict[str, str] = {
     "launch.json": "launch",
     "notes.json": "notes",
     "analysis.json": "analysis",
+    "preflight.json": "preflight",
 }
 
 # schema file stem -> the ``schema`` string a v1 document carries.
@@ -62,6 +63,7 @@ SCHEMA_IDS: dict[str, str] = {
     "notes": "kk3evidence/notes/v1",
     "request": "kk3evidence/request/v1",
     "analysis": "kk3evidence/analysis/v1",
+    "preflight": "kk3evidence/preflight/v1",
 }
 
 _FAMILY = {"manifest": "bundle"}

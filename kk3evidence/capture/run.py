@@ -134,6 +134,8 @@ class CaptureOptions:
     analyze: bool = True
     scan_interval: float = 2.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    preflight: bool = False  # run `preflight` first and store preflight.json
+    preflight_recipe: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -539,6 +541,8 @@ def run_capture(
     }
     _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
     _safe(run, "notes.json", lambda: writer.write_json("notes.json", notes))
+    if opts.preflight:
+        _safe(run, "preflight.json", lambda: _preflight(run, argv, env, shown_argv))
     say(
         f"capturing into {output} (staging folder {staging}; if capture is killed: "
         f"kk3evidence seal {staging} -o {output})"
@@ -708,6 +712,14 @@ def run_capture(
         first_failure=ff if isinstance(ff, dict) else None,
         problems=tuple(run.problems),
     )
+
+
+def _preflight(run: _Run, argv: list[str], env: dict[str, str], shown: list[str]) -> None:
+    from kk3evidence.capture.preflight_host import preflight_member
+
+    doc, line = preflight_member(argv, env, shown, run.redactor.text, run.opts.preflight_recipe)
+    run.say(line)
+    run.writer.write_json("preflight.json", doc)
 
 
 def _safe(run: _Run, what: str, fn: Callable[[], Any]) -> None:

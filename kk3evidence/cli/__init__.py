@@ -22,6 +22,7 @@ _COMMANDS: dict[str, str] = {
     "validate": "_validate",
     "diff": "_diff",
     "check": "_check",
+    "preflight": "_preflight",
     "report": "_report",
     "compare": "_compare",
     "minimize": "_minimize",
@@ -38,12 +39,14 @@ Examples:
   kk3evidence validate received.tar         # schema + sha256 + safety of someone's bundle
   kk3evidence diff cluster.tar isolated.tar # did exactly one variable change?
   kk3evidence check run1.tar --recipe kimi-k3
+  kk3evidence preflight -- vllm serve MODEL --tensor-parallel-size 8   # before launching
   kk3evidence report run1.tar --baseline run0.tar > handoff.md
   kk3evidence minimize -- vllm serve MODEL --enable-prefix-caching ...
 
 \b
 Exit codes: 0 ok/no failure, 2 usage, 3 failure found (analyze), 4 unreadable or
-invalid input, 5 several variables changed (diff), 6 outside compatibility (check);
+invalid input, 5 several variables changed (diff), 6 outside compatibility (check) or a
+pre-flight check failed (preflight);
 capture exits with the wrapped command's status (128+N when killed by signal N).
 """
 

@@ -140,6 +140,10 @@ def _say(message: str) -> None:
     help="Time limit of the probe of CMD's Python side (torch, vLLM versions).",
 )
 @click.option("--no-analyze", is_flag=True, help="Do not analyze the log at the end.")
+@click.option("--preflight", "preflight", is_flag=True,
+              help="Run `kk3evidence preflight` on CMD first and store preflight.json (CMD is "
+                   "launched even when a check fails; use `preflight` alone to stop early).")
+@click.option("--preflight-recipe", metavar="NAME", help="Recipe for --preflight (e.g. kimi-k3).")
 @click.argument("cmd", nargs=-1, required=True, metavar="-- CMD...")
 @handle_errors
 def command(
@@ -164,6 +168,8 @@ def command(
     grace: float,
     python_timeout: float,
     no_analyze: bool,
+    preflight: bool,
+    preflight_recipe: str | None,
     cmd: tuple[str, ...],
 ) -> None:
     """Run CMD unchanged and record it into an evidence bundle.
@@ -195,6 +201,8 @@ def command(
         grace=grace,
         python_timeout=python_timeout,
         analyze=not no_analyze,
+        preflight=preflight or preflight_recipe is not None,
+        preflight_recipe=preflight_recipe,
     )
     out, err = main_passthrough_sinks()
     result = run_capture(opts, out=out, err=err, say=_say)
