@@ -295,4 +295,4 @@ def test_the_standalone_extractor_writes_the_format_id_of_the_table() -> None:
     from kk3evidence import _vllm_extract
     from kk3evidence.model import FORMAT_IDS
 
-    assert _vllm_extract.SCHEMA == FORMAT_IDS["vllm-args"]
+    assert FORMAT_IDS["vllm-args"] == _vllm_extract.SCHEMA
