@@ -77,6 +77,7 @@ def main() -> int:
     vllm.chmod(0o755)
     env = dict(os.environ)
     small, big = model(root, "m60", 60 * GiB), model(root, "m140", 140 * GiB)
+    mid = model(root, "m100", 100 * GiB)
     base = [str(vllm), "serve"]
     rows = [
         case(out, "fits", [*base, str(small), "--max-model-len", "8192", "--port", "18540"], env),
@@ -85,15 +86,18 @@ def main() -> int:
         case(out, "no-visible-gpu", [*base, str(small), "--port", "18540"],
              {**env, "CUDA_VISIBLE_DEVICES": ""}),
     ]
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, "100"], stdout=subprocess.PIPE)
-    try:
-        assert holder.stdout is not None
-        holder.stdout.readline()  # "holding": the memory is allocated
-        rows.append(case(out, "other-job-holds-100GiB",
-                         [*base, str(small), "--port", "18540"], env))
-    finally:
-        holder.kill()
-        holder.wait(60)
+    rows.append(case(out, "100GiB-alone", [*base, str(mid), "--port", "18540"], env))
+    for held, weights, name in ((40, mid, "100GiB-while-another-job-holds-40GiB"),
+                                (100, small, "60GiB-while-another-job-holds-100GiB")):
+        holder = subprocess.Popen([sys.executable, "-c", HOLD, str(held)], stdout=subprocess.PIPE)
+        try:
+            assert holder.stdout is not None
+            holder.stdout.readline()  # "holding": the memory is allocated
+            rows.append(case(out, name, [*base, str(weights), "--port", "18540"], env))
+        finally:
+            holder.kill()
+            holder.wait(60)
+            holder.stdout.close()
     (out / "summary.json").write_text(json.dumps(rows, indent=2))
     return 0
 
