@@ -7,7 +7,8 @@ Two pieces, so that disk never slows the child:
   stdout/stderr, and hands it to the recorder. It never touches the disk.
 * :class:`LineRecorder` (one thread) receives chunks through a queue bounded in bytes, joins
   them into whole lines per stream (a partial line waits for its newline; more than
-  ``MAX_PARTIAL`` bytes without one is written as it is), optionally redacts them, and appends
+  ``MAX_PARTIAL`` bytes without one is written in pieces, never cutting a secret in two),
+  optionally redacts them, and appends
   them to ``logs/combined.log`` with one ``lines.tsv`` row per line. When the queue is full or a
   write fails, the data is dropped *from the log only* and counted in :attr:`LineRecorder.losses`;
   the pass-through goes on.
@@ -129,6 +130,9 @@ class LineRecorder:
         self._index = _unbuffered(index)
         self._streams = (log, index)
         self._redact = redact
+        # ``redact`` may say where a long line can be cut safely (LogRedactor.safe_cut).
+        cut = getattr(redact, "safe_cut", None)
+        self._cut: Callable[[bytes], int] | None = cut if callable(cut) else None
         self._max_queue = max_queue_bytes
         self._on_first_loss = on_first_loss
         self._queue: collections.deque[tuple[int, bytes | None, int, int]] = collections.deque()
@@ -297,8 +301,11 @@ class LineRecorder:
                 self._emit(stream, memoryview(data)[start : last + 1], wall, mono)
             buf = data[last + 1 :]
         if len(buf) > MAX_PARTIAL:
-            self._emit(stream, buf, wall, mono)
-            buf = b""
+            # Write the head of a long unfinished line now, but never cut a secret in two
+            # (each piece is redacted on its own): the redactor picks the cut and a tail waits.
+            cut = self._cut(buf) if self._cut is not None else len(buf)
+            self._emit(stream, buf[:cut], wall, mono)
+            buf = buf[cut:]
         self._partial[stream] = buf
 
     def _emit(self, stream: int, block: bytes | memoryview, wall: int, mono: int) -> None:

@@ -289,26 +289,31 @@ class LogRedactor:
         self._learned = _redactor_size(self._redactor)
         return _Anchors(tuple(sorted(v for v in values if len(v) >= 6)))
 
+    def safe_cut(self, data: bytes) -> int:
+        """Where a long unfinished line may be cut without cutting a secret (pump.py)."""
+        return int(self._redactor.safe_cut(data))
+
     def __call__(self, data: bytes | memoryview) -> bytes | memoryview:
+        in_block = bool(getattr(self._redactor, "in_block", False))
         hits = self._anchors(data)
-        if not hits:
+        if not hits and not in_block:
             return data
         block = bytes(data)
         # A hit anywhere: every line of the block from the first hit's line on goes through the
         # Redactor line by line, except lines that are plainly clean (checked per line).
         out: list[bytes] = []
-        first = block.rfind(b"\n", 0, min(hits)) + 1
+        first = 0 if in_block else block.rfind(b"\n", 0, min(hits)) + 1
         out.append(block[:first])
         for line in block[first:].split(b"\n"):
-            if line and self._anchors(line):
+            if line and (self._anchors(line) or getattr(self._redactor, "in_block", False)):
                 out.append(self._redactor.text(line, where=LOG_MEMBER))
+                if _redactor_size(self._redactor) != self._learned:
+                    # A secret learned from this line: look for it from the next line on.
+                    self._anchors = self._build()
             else:
                 out.append(line)
             out.append(b"\n")
         out.pop()
-        if _redactor_size(self._redactor) != self._learned:
-            # The Redactor learned a new secret from a log line: look for it from now on.
-            self._anchors = self._build()
         return b"".join(out)
 
 
