@@ -17,6 +17,7 @@ Writing (:class:`BundleWriter`) goes into a staging folder that mirrors the memb
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import hashlib
 import io
@@ -1281,7 +1282,13 @@ class BundleWriter:
         top = f"kk3-{self.bundle_id}"
         mtime = int(self.created.timestamp())
         gz = out.name.endswith((".tar.gz", ".tgz"))
-        partial = out.with_name(out.name + ".partial")
+        # Our own temporary name: two writers of one bundle path never share it.
+        partial = out.with_name(f"{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        if out.exists() or out.is_symlink():
+            raise BundleError(
+                f"{_show(str(out))} already exists; a bundle is never overwritten: "
+                "choose another output path or move that file away"
+            )
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
             with open(partial, "wb") as raw:
@@ -1307,7 +1314,14 @@ class BundleWriter:
                     gzf.close()
                 raw.flush()
                 os.fsync(raw.fileno())
-            os.replace(partial, out)
+            _rename_no_replace(partial, out)
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise BundleError(
+                f"{_show(str(out))} appeared while the bundle was written; it is not "
+                "overwritten: choose another output path"
+            ) from None
         except OSError as exc:
             with contextlib.suppress(OSError):
                 partial.unlink()
@@ -1318,6 +1332,24 @@ class BundleWriter:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def _rename_no_replace(src: Path, dst: Path) -> None:
+    """Atomic rename that fails with FileExistsError if ``dst`` exists (SPEC §3: a bundle is
+    never overwritten): a hard link then unlink; where links are not supported, a check then
+    a rename (a narrow race, on such file systems only)."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        if dst.exists() or dst.is_symlink():
+            raise FileExistsError(errno.EEXIST, "exists", str(dst)) from None
+        os.rename(src, dst)
+        return
+    os.unlink(src)
 
 
 def _seal_self_sha256(data: bytes) -> bytes:

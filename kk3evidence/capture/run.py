@@ -43,6 +43,7 @@ from kk3evidence.capture import fingerprint as fpmod
 from kk3evidence.capture import http as probe
 from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
+from kk3evidence.capture.staging import reserve as reserve_staging
 from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
 from kk3evidence.model import STAGES
 
@@ -371,15 +372,6 @@ def known_secrets(env: Mapping[str, str], argv: Sequence[str]) -> list[bytes]:
     )
 
 
-def default_output(now: datetime | None = None) -> Path:
-    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
-    return Path(f"kk3-{stamp}.tar")
-
-
-def staging_for(output: Path) -> Path:
-    return output.with_name(output.name + ".staging")
-
-
 # ------------------------------------------------------------------------------- the run
 class _Run:
     """State shared by the threads of one capture."""
@@ -517,15 +509,10 @@ def run_capture(
     env = dict(os.environ)
     env.update(opts.extra_env)
     created = datetime.now(UTC)
-    output = opts.output or default_output(created)
-    staging = opts.staging or staging_for(output)
-    if staging.exists() and any(staging.iterdir()):
-        raise UsageError(
-            f"staging folder {staging} already holds a capture; seal it with "
-            f"'kk3evidence seal {staging}' or remove it, or pass --staging"
-        )
     request_body = _load_request(opts.request_file) if opts.request_file else None
     changes = [parse_change(c, created.isoformat()) for c in opts.changes]
+    # Our own staging folder, created now (parallel captures never share one).
+    output, staging = reserve_staging(opts.output, opts.staging, created)
 
     redactor = _new_redactor()
     try:

@@ -94,7 +94,7 @@ def test_finalize_is_atomic_and_removes_staging(tmp_path: Path) -> None:
     out = write_bundle(tmp_path / "run.tar")
     leftovers = sorted(p.name for p in tmp_path.iterdir())
     assert leftovers == ["run.tar"]
-    assert not (tmp_path / "run.tar.partial").exists()
+    assert not list(tmp_path.glob("run.tar.partial*"))
     assert out.stat().st_size > 0
 
 

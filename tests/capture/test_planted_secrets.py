@@ -9,9 +9,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from progs.helpers import PY, all_member_bytes, base_env, prog, run_capture
 
 from kk3evidence.bundle.archive import open_bundle, validate
-from tests.progs.helpers import PY, all_member_bytes, base_env, prog, run_capture
 
 HF = "hf_" + "Pl4nt3dT0k3nAbCdEfGhIjKlMnOpQr"
 API_KEY = "argv-api-key-7f3e9b1c5d"
