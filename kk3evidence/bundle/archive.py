@@ -899,8 +899,9 @@ class Bundle:
     def iter_log_lines(self, name: str = LOG_MEMBER) -> Iterator[bytes]:
         """Raw lines of ``logs/combined.log`` as bytes, each with its ``b"\\n"`` (the last may
         lack it). Only ``\\n`` ends a line (``\\r`` stays inside). A line longer than
-        ``limits.max_line_bytes`` comes out in pieces of that size. Streams; the sha256 is
-        checked when the end is reached.
+        ``limits.max_line_bytes`` is cut: its head comes out (with a ``\\n``) and the rest up
+        to its newline is skipped, so memory stays bounded and line numbers stay the file's (as
+        the analyzer counts them). Streams; the sha256 is checked when the end is reached.
         """
         if name not in self._members:
             return
@@ -908,6 +909,10 @@ class Bundle:
         with self.open_member(name) as fp:
             # BufferedReader.readline splits on b"\n" only, in C; the limit caps huge lines.
             while line := fp.readline(max_line):
+                if len(line) == max_line and not line.endswith(b"\n"):
+                    while (rest := fp.readline(max_line)) and not rest.endswith(b"\n"):
+                        pass  # the rest of a huge line, skipped in bounded pieces
+                    line += b"\n" if rest else b""
                 yield line
 
 
@@ -973,7 +978,12 @@ def _dumps(obj: Any) -> bytes:
         text = json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise BundleError(f"cannot write JSON: {exc}") from None
-    return (text + "\n").encode("utf-8")
+    try:
+        return (text + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (a non-UTF-8 argv word or path, decoded with surrogateescape):
+        # written as a \\udcXX escape, which is valid JSON that reads back the same.
+        return (json.dumps(obj, indent=2, ensure_ascii=True, allow_nan=False) + "\n").encode()
 
 
 class BundleWriter:

@@ -378,6 +378,8 @@ class Redactor:
     # placeholders ----------------------------------------------------------------------
     def _assign(self, value: bytes, label: str) -> str:
         """The placeholder of ``value``, made (and learned for text search) if new."""
+        if len(value) > MAX_KNOWN_BYTES:  # kept by digest: a flood of huge ones stays small
+            value = b"\0sha256:" + hashlib.sha256(value).digest()
         ph = self._by_value.get(value)
         if ph is not None:
             return ph
@@ -388,6 +390,9 @@ class Redactor:
             tag = ":" + hmac.new(self._key, value, hashlib.sha256).hexdigest()[:12]
         ph = f"<redacted:{clean[:48]}#{self._n}{tag}>"
         self._by_value[value] = ph
+        if value.startswith(b"\0sha256:"):
+            self._records[ph] = _Record(ph, label)
+            return ph
         for variant in _variants(value):
             self._by_value.setdefault(variant, ph)
         # A multi-line secret (a PEM key in the environment) reaches the log one line at a
@@ -395,7 +400,7 @@ class Redactor:
         for piece in _secret_lines(value):
             self._by_value.setdefault(piece, ph)
         self._records[ph] = _Record(ph, label)
-        if len(value) >= self._min_known and value.lower() not in _TRIVIAL_BYTES:
+        if _learnable(value, self._min_known):
             self._compiled = None  # learn it: it is now searched for in text
         return ph
 
@@ -414,6 +419,8 @@ class Redactor:
     def placeholder_for(self, value: str | bytes) -> str | None:
         """The placeholder already given to ``value``, if any."""
         raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+        if len(raw) > MAX_KNOWN_BYTES:
+            raw = b"\0sha256:" + hashlib.sha256(raw).digest()
         return self._by_value.get(raw)
 
     def records(self) -> list[dict[str, Any]]:
@@ -535,11 +542,7 @@ class Redactor:
     def _known_regex(self) -> re.Pattern[bytes] | None:
         if self._compiled is None:
             known = sorted(
-                (
-                    v
-                    for v in self._by_value
-                    if len(v) >= self._min_known and v.lower() not in _TRIVIAL_BYTES
-                ),
+                (v for v in self._by_value if _learnable(v, self._min_known)),
                 key=lambda v: (-len(v), v),
             )
             self._known = tuple(known)
@@ -702,6 +705,19 @@ class Redactor:
         out.append(body[pos:])
         out.append(ending)
         return b"".join(out)
+
+
+#: a secret longer than this is replaced where found but not searched for elsewhere (a
+#: 600 KB "sk-sk-sk-…" run would otherwise make every later search cost its length)
+MAX_KNOWN_BYTES = 16 * 1024
+
+
+def _learnable(value: bytes, min_len: int) -> bool:
+    return (
+        min_len <= len(value) <= MAX_KNOWN_BYTES
+        and value.lower() not in _TRIVIAL_BYTES
+        and not value.startswith(b"\0sha256:")
+    )
 
 
 _BASE64_RUN = re.compile(rb"[A-Za-z0-9+/=]{16,}")

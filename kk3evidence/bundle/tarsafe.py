@@ -44,7 +44,7 @@ class Limits:
     max_members: int = 10_000
     max_member_bytes: int = 16 * GiB  # logs/, probes/
     max_json_bytes: int = 16 * MiB  # every *.json member (read into memory)
-    max_text_bytes: int = 256 * MiB  # metrics/*.prom (read into memory on demand)
+    max_text_bytes: int = 32 * MiB  # metrics/*.prom (read into memory on demand; real ~1 MiB)
     max_total_bytes: int = 64 * GiB  # sum of uncompressed member sizes
     max_compression_ratio: float = 600.0
     ratio_grace_bytes: int = 64 * MiB
@@ -54,7 +54,7 @@ class Limits:
     max_name_bytes: int = 512
     max_header_bytes: int = 1 * MiB  # a single pax / GNU long-name record
     max_trailing_bytes: int = 16 * MiB  # zero padding read after the end-of-archive marker
-    max_line_bytes: int = 64 * MiB  # iter_log_lines splits longer lines
+    max_line_bytes: int = 1 * MiB  # iter_log_lines cuts longer lines (as the analyzer does)
 
 
 class ArchiveError(Exception):

@@ -55,5 +55,25 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def safe_text(text: str) -> str:
+    """Text from a received bundle made safe for a terminal (and encodable): control
+    characters, bidi overrides and lone surrogates become visible escapes; newlines and tabs
+    stay."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
+
+def safe_json(text: str) -> str:
+    """JSON text with every non-printable character (only ever inside strings: C1 controls,
+    bidi overrides, lone surrogates) written as a ``\\uXXXX`` escape; still the same JSON."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else f"\\u{ord(c):04x}" for c in text)
+
+
 def echo_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False))
+    click.echo(safe_json(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False)))

@@ -7,7 +7,7 @@ import click
 from kk3evidence.errors import UsageError
 from kk3evidence.handoff.compare import Comparison, compare
 
-from ._common import echo_json, handle_errors
+from ._common import echo_json, handle_errors, safe_text
 
 _COLUMNS = (
     "run",
@@ -98,6 +98,6 @@ def command(
     if as_json:
         echo_json(result.to_json())
     elif as_csv:
-        click.echo(result.to_csv(), nl=False)
+        click.echo(safe_text(result.to_csv()), nl=False)
     else:
-        click.echo(_human(result))
+        click.echo(safe_text(_human(result)))
