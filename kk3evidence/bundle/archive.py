@@ -1499,12 +1499,81 @@ def seal(
         raise BundleError(f"no such staging folder: {_show(str(staging))}")
     if not staging.is_dir():
         raise BundleError(f"{_show(str(staging))} is not a folder (seal takes a staging folder)")
-    _append_partial_tails(staging / LOG_MEMBER)
-    writer = BundleWriter.resume(staging)
-    lines = staging / LINES_MEMBER
-    if lines.is_file() and not lines.is_symlink():
-        _drop_partial_last_row(lines)
-    return writer.finalize(out_path, remove_staging=remove_staging, _sealed=True)
+    try:
+        _append_partial_tails(staging / LOG_MEMBER)
+        writer = BundleWriter.resume(staging)
+        _apply_ledger(writer, staging)
+        lines = staging / LINES_MEMBER
+        if lines.is_file() and not lines.is_symlink():
+            _drop_partial_last_row(lines)
+        return writer.finalize(out_path, remove_staging=remove_staging, _sealed=True)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise BundleError(_no_space(staging, Path(out_path))) from None
+        raise BundleError(
+            f"cannot seal {_show(str(staging))}: {exc.strerror or exc}; nothing was removed"
+        ) from None
+    except BundleError as exc:
+        if "No space left" in exc.message or "Disk quota" in exc.message:
+            raise BundleError(_no_space(staging, Path(out_path))) from None
+        raise
+
+
+def _no_space(staging: Path, out: Path) -> str:
+    need = 0
+    for dirpath, _dirs, files in os.walk(staging, followlinks=False):
+        for fn in files:
+            with contextlib.suppress(OSError):
+                need += os.lstat(os.path.join(dirpath, fn)).st_size
+    mib = need // (1024 * 1024) + 2
+    return (
+        f"no space left on the device: sealing needs about {mib} MiB free where the bundle "
+        f"{_show(str(out))} is written (the size of the staging folder, plus a little in the "
+        f"staging folder itself); free that much (see 'df {_show(str(out.parent or '.'))}') "
+        f"or write elsewhere with -o; nothing was lost: {_show(str(staging))} is kept as it was"
+    )
+
+
+def _apply_ledger(writer: BundleWriter, staging: Path) -> None:
+    """What the capture's ledger says was lost (bundle/ledger.py), into the manifest: losses
+    it recorded but never saved (a full disk), and what it had received but not yet written
+    when it was killed. A start-time launch.json is marked as such."""
+    from kk3evidence.bundle.ledger import read_ledger
+
+    doc = read_ledger(staging)
+    have = {(loss.get("member"), loss.get("reason")) for loss in writer._losses}
+    for loss in (doc or {}).get("losses") or []:
+        if isinstance(loss, dict) and (loss.get("member"), loss.get("reason")) not in have:
+            writer._losses.append(loss)
+    if doc is not None and not doc.get("final"):
+        numbers = [doc.get(k) for k in ("received_bytes", "written_bytes", "dropped_bytes")]
+        if all(isinstance(n, int) for n in numbers):
+            received, written, dropped = (int(n) for n in numbers)  # type: ignore[arg-type]
+            lost = received - written - dropped
+            writer._losses.append(
+                {
+                    "member": LOG_MEMBER,
+                    "reason": "capture was killed: output it had received (and passed through) "
+                    "but not yet written; at least this much, more if it arrived after "
+                    "the last ledger update",
+                    "bytes": max(lost, 0),
+                    "lines": None,
+                    "at": _iso(_utcnow()),
+                }
+            )
+    launch = staging / "launch.json"
+    if launch.is_file() and not launch.is_symlink():
+        with contextlib.suppress(OSError, ValueError):
+            doc_l = json.loads(launch.read_bytes())
+            if isinstance(doc_l, dict) and doc_l.get("ended_at") is None:
+                writer._not_collected.append(
+                    {
+                        "what": "launch.json (end of run)",
+                        "reason": "the capture stopped before the run ended: end time, exit "
+                        "status, readiness and stages reached were never written; "
+                        "launch.json is the copy written at start",
+                    }
+                )
 
 
 def _append_partial_tails(log: Path) -> None:
@@ -1516,15 +1585,21 @@ def _append_partial_tails(log: Path) -> None:
     line to the log but before removing the tail: then a line starting with those bytes stands
     in the log at or after that offset, and the stale tail is dropped instead of duplicated.
     """
-    if not log.parent.is_dir():
-        return
+    if log.parent.is_symlink() or not log.parent.is_dir() or log.is_symlink():
+        return  # never write through a link out of the staging folder (it is left out anyway)
     for tail in sorted(log.parent.glob(log.name + ".partial-*")):
         if tail.is_file() and not tail.is_symlink() and not tail.name.endswith(".tmp"):
             raw = tail.read_bytes()
             head, _, data = raw.partition(b"\n")
             if data and head.isdigit() and not _completed_in_log(log, int(head), data):
-                with open(log, "ab") as out:
-                    out.write(data)
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                fd = os.open(log, flags, 0o644)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                finally:
+                    os.close(fd)
         tail.unlink()
 
 

@@ -105,6 +105,34 @@ def sniff(head: bytes) -> str:
     return "tar"  # old-style tar without magic: let the header checksum decide
 
 
+#: longest gzip member header accepted (kk3evidence writes 10 bytes; ``gzip`` reads the name
+#: and comment fields one byte per call, so 50 MB of them take a minute)
+GZIP_HEADER_MAX = 64 * KiB
+
+
+def check_gzip_header(head: bytes) -> None:
+    """Refuse a gzip header (extra field, file name, comment) longer than GZIP_HEADER_MAX."""
+    too_long = ArchiveError(
+        "header-too-large",
+        f"the gzip header (file name, comment or extra field) is longer than "
+        f"{GZIP_HEADER_MAX} bytes; not a bundle (kk3evidence writes none)",
+    )
+    if len(head) < 10:
+        return  # the gzip reader reports the truncation
+    flags = head[3]
+    pos = 10
+    if flags & 4:  # FEXTRA
+        pos += 2 + int.from_bytes(head[pos : pos + 2], "little")
+    for bit in (8, 16):  # FNAME, FCOMMENT: zero-terminated
+        if flags & bit:
+            end = head.find(b"\0", pos)
+            if end < 0:
+                raise too_long
+            pos = end + 1
+    if pos > GZIP_HEADER_MAX:
+        raise too_long
+
+
 class _Guard(io.RawIOBase):
     """The decompressed byte stream, counted and bounded. Seeks forward by reading."""
 
@@ -245,6 +273,8 @@ class SafeTar:
             head = self._raw.read(BLOCK)
             self.compression = sniff(head)
             if self.compression == "gzip":
+                self._raw.seek(0)
+                check_gzip_header(self._raw.read(GZIP_HEADER_MAX + 1))
                 self._raw.seek(0)
                 head = gzip.GzipFile(fileobj=self._raw, mode="rb").read(BLOCK)
                 if not head:

@@ -125,6 +125,7 @@ class LineRecorder:
         redact: Callable[[bytes | memoryview], bytes | memoryview] | None = None,
         max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         on_first_loss: Callable[[str], None] | None = None,
+        ledger: Callable[[dict[str, object]], None] | None = None,
     ) -> None:
         self._log = _unbuffered(log)
         self._index = _unbuffered(index)
@@ -135,6 +136,12 @@ class LineRecorder:
         self._cut: Callable[[bytes], int] | None = cut if callable(cut) else None
         self._max_queue = max_queue_bytes
         self._on_first_loss = on_first_loss
+        # Running totals for seal, kept where a SIGKILL or a full disk cannot erase them
+        # (bundle/ledger.py): what was received, taken from the queue and dropped.
+        self._ledger = ledger
+        self.received = 0
+        self._taken = 0
+        self._dropped = 0
         self._queue: collections.deque[tuple[int, bytes | None, int, int]] = collections.deque()
         self._queued = 0
         self._cond = threading.Condition()
@@ -165,8 +172,10 @@ class LineRecorder:
     # -- producer side (pump thread) -------------------------------------------------------
     def put(self, stream: int, data: bytes, wall_ns: int, mono_ns: int) -> None:
         with self._cond:
+            self.received += len(data)
             if self._queued + len(data) > self._max_queue:
                 full = True
+                self._dropped += len(data)
             else:
                 full = False
                 self._queue.append((stream, data, wall_ns, mono_ns))
@@ -224,6 +233,8 @@ class LineRecorder:
             # Each batch reaches the OS at once: a SIGKILLed shim loses nothing it wrote.
             self._flush()
             self._save_partials()
+            self._taken += size
+            self._note(final=False)
         for stream in (0, 1):
             if self._partial[stream]:
                 self._emit(stream, self._partial[stream], time.time_ns(), time.monotonic_ns())
@@ -231,9 +242,27 @@ class LineRecorder:
         self._index_pending()
         self._flush()
         self._save_partials()
+        self._note(final=True)
         if self._reader is not None:
             with contextlib.suppress(OSError):
                 os.close(self._reader)
+
+    def _note(self, *, final: bool) -> None:
+        if self._ledger is None:
+            return
+        with self._cond:
+            received, dropped = self.received, self._dropped
+        with contextlib.suppress(Exception):
+            self._ledger(
+                {
+                    "received_bytes": received,
+                    "written_bytes": self._taken,
+                    "dropped_bytes": dropped,
+                    "log_bytes": self.bytes_written,
+                    "losses": [loss.to_json() for loss in self.losses],
+                    "final": final,
+                }
+            )
 
     def _flush(self) -> None:
         names = ("logs/combined.log", "logs/lines.tsv")

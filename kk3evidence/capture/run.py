@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+from kk3evidence.bundle.ledger import Ledger
 from kk3evidence.capture import fingerprint as fpmod
 from kk3evidence.capture import http as probe
 from kk3evidence.capture.procscan import LibraryScanner, group_members
@@ -563,11 +564,13 @@ def run_capture(
 
     log_stream = writer.open_stream("logs/combined.log")
     index_stream = writer.open_stream("logs/lines.tsv")
+    ledger = Ledger(staging)  # running totals that seal reads if capture is killed
     recorder = LineRecorder(
         log_stream,
         index_stream,
         redact=LogRedactor(redactor, known_secrets(env, argv)),
         on_first_loss=say,
+        ledger=ledger.update,
     )
 
     # -- start CMD --------------------------------------------------------------------------
@@ -592,6 +595,7 @@ def run_capture(
             )
         except OSError as exc:
             recorder.close(10)
+            ledger.close()
             return _finish_unstarted(run, output, staging, exc)
         run.proc = proc
         run.pgid = proc.pid
@@ -643,6 +647,7 @@ def run_capture(
             pipe.close()
     if not recorder.close(600):
         run.problems.append("the log writer did not finish within 600 s")
+    ledger.close()
     run.stop.set()
     if prober is not None:
         prober.join(30)
