@@ -1011,6 +1011,10 @@ class BundleWriter:
         self.staging_dir = Path(staging_dir)
         self.redactor = redactor
         self._streams: list[BinaryIO] = []
+        # Members held in memory instead of the staging folder: when sealing on a full disk,
+        # stubs and the manifest go straight into the tar written elsewhere.
+        self._overlay: dict[str, bytes] = {}
+        self._sealing = False
         marker = self.staging_dir / STAGING_MARKER
         if marker.exists():
             if not is_staging_dir(self.staging_dir):
@@ -1081,7 +1085,21 @@ class BundleWriter:
         }
 
     def _save_state(self) -> None:
-        _atomic_write(self.staging_dir / STAGING_MARKER, _dumps(self._state()))
+        try:
+            _atomic_write(self.staging_dir / STAGING_MARKER, _dumps(self._state()))
+        except OSError:
+            if not self._sealing:
+                raise  # sealing: the state is in memory and goes into the manifest
+
+    def _put(self, name: str, data: bytes) -> None:
+        """Write a member into the staging folder; when sealing on a full disk, hold it in
+        memory for the tar instead."""
+        try:
+            _atomic_write(self.staging_dir / name, data)
+        except OSError:
+            if not self._sealing:
+                raise
+            self._overlay[name] = data
 
     def checkpoint(self) -> None:
         """Save redaction records etc. into ``staging.json`` (done by every write_json)."""
@@ -1195,13 +1213,13 @@ class BundleWriter:
             else "not written by the capture"
         )
         if "fingerprint.json" not in present:
-            _atomic_write(self.staging_dir / "fingerprint.json", _dumps(_stub_fingerprint(why)))
+            self._put("fingerprint.json", _dumps(_stub_fingerprint(why)))
             self.add_not_collected("fingerprint.json", why)
         if "launch.json" not in present:
-            _atomic_write(self.staging_dir / "launch.json", _dumps(_stub_launch(self.created, why)))
+            self._put("launch.json", _dumps(_stub_launch(self.created, why)))
             self.add_not_collected("launch.json", why)
         if LOG_MEMBER not in present:
-            _atomic_write(self.staging_dir / LOG_MEMBER, b"")
+            self._put(LOG_MEMBER, b"")
             self.add_not_collected(LOG_MEMBER, f"no output was captured ({why})")
 
     def _check_json_members(self, members: list[str], *, lenient: bool) -> list[str]:
@@ -1212,7 +1230,9 @@ class BundleWriter:
                 kept.append(name)
                 continue
             path = self.staging_dir / name
-            data = path.read_bytes() if path.stat().st_size <= Limits().max_json_bytes else None
+            data = self._overlay.get(name)
+            if data is None:
+                data = path.read_bytes() if path.stat().st_size <= Limits().max_json_bytes else None
             problems: list[Problem]
             if data is None:
                 problems = [Problem("member-too-large", "JSON member is too large", member=name)]
@@ -1249,14 +1269,20 @@ class BundleWriter:
         """
         out = Path(out_path)
         self._close_streams()
+        self._sealing = _sealed
         present = set(self._walk(lenient=_sealed))
         self._stub_missing(present, sealed=_sealed)
-        members = self._walk(lenient=_sealed)
+        members = self._walk(lenient=_sealed) + list(self._overlay)
         members = self._check_json_members(members, lenient=_sealed)
         members = sorted(set(members), key=_member_sort_key)
         entries = []
         for name in members:
-            size, sha = _hash_file(self.staging_dir / name)
+            held = self._overlay.get(name)
+            size, sha = (
+                (len(held), hashlib.sha256(held).hexdigest())
+                if held is not None
+                else _hash_file(self.staging_dir / name)
+            )
             entries.append({"name": name, "size": size, "sha256": sha})
         if redactions is not None:
             red = [dict(r) for r in redactions]
@@ -1282,7 +1308,7 @@ class BundleWriter:
         if problems:
             raise BundleError(f"cannot finalize: {problems[0]}", list(problems))
         manifest_bytes = _seal_self_sha256(_dumps(manifest))
-        _atomic_write(self.staging_dir / MANIFEST, manifest_bytes)
+        self._put(MANIFEST, manifest_bytes)
         self._write_tar(out, [MANIFEST, *members])
         if remove_staging:
             shutil.rmtree(self.staging_dir, ignore_errors=True)
@@ -1312,12 +1338,16 @@ class BundleWriter:
                 with tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar:
                     for name in members:
                         path = self.staging_dir / name
+                        held = self._overlay.get(name)
                         info = tarfile.TarInfo(f"{top}/{name}")
-                        info.size = path.stat().st_size
+                        info.size = len(held) if held is not None else path.stat().st_size
                         info.mtime = mtime
                         info.mode = 0o644
                         info.uid = info.gid = 0
                         info.uname = info.gname = ""
+                        if held is not None:
+                            tar.addfile(info, io.BytesIO(held))
+                            continue
                         with open(path, "rb") as fp:
                             tar.addfile(info, fp)
                 if gzf is not None:
@@ -1500,8 +1530,20 @@ def seal(
     if not staging.is_dir():
         raise BundleError(f"{_show(str(staging))} is not a folder (seal takes a staging folder)")
     try:
-        _append_partial_tails(staging / LOG_MEMBER)
+        unappended = _append_partial_tails(staging / LOG_MEMBER)
         writer = BundleWriter.resume(staging)
+        writer._sealing = True
+        if unappended:
+            writer._losses.append(
+                {
+                    "member": LOG_MEMBER,
+                    "reason": "the unfinished last line could not be appended: no space left "
+                    "(it is still in the staging folder; seal again once there is room)",
+                    "bytes": unappended,
+                    "lines": 1,
+                    "at": _iso(_utcnow()),
+                }
+            )
         _apply_ledger(writer, staging)
         lines = staging / LINES_MEMBER
         if lines.is_file() and not lines.is_symlink():
@@ -1576,7 +1618,7 @@ def _apply_ledger(writer: BundleWriter, staging: Path) -> None:
                 )
 
 
-def _append_partial_tails(log: Path) -> None:
+def _append_partial_tails(log: Path) -> int:
     """Append the unfinished last lines a killed capture kept beside the log, then remove
     those files.
 
@@ -1585,8 +1627,9 @@ def _append_partial_tails(log: Path) -> None:
     line to the log but before removing the tail: then a line starting with those bytes stands
     in the log at or after that offset, and the stale tail is dropped instead of duplicated.
     """
+    lost = 0
     if log.parent.is_symlink() or not log.parent.is_dir() or log.is_symlink():
-        return  # never write through a link out of the staging folder (it is left out anyway)
+        return 0  # never write through a link out of the staging folder (it is left out anyway)
     for tail in sorted(log.parent.glob(log.name + ".partial-*")):
         if tail.is_file() and not tail.is_symlink() and not tail.name.endswith(".tmp"):
             raw = tail.read_bytes()
@@ -1598,9 +1641,15 @@ def _append_partial_tails(log: Path) -> None:
                     view = memoryview(data)
                     while view:
                         view = view[os.write(fd, view) :]
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    lost += len(data)  # kept beside the log for a later seal
+                    continue
                 finally:
                     os.close(fd)
         tail.unlink()
+    return lost
 
 
 def _completed_in_log(log: Path, offset: int, data: bytes) -> bool:
