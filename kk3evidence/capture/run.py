@@ -306,7 +306,7 @@ class LogRedactor:
         if not in_block and callable(replace):
             # Known secrets first, over the whole block at C speed (a flood of lines carrying
             # one keeps up); only lines with an anchor outside a placeholder go on.
-            block = replace(block, where=LOG_MEMBER)
+            block = bytes(replace(block, where=LOG_MEMBER))
             if not self._anchors(_unplaced(block)):
                 return block
             first = 0

@@ -67,9 +67,9 @@ def command(  # noqa: PLR0917 - one parameter per click option
         bundle,
         baseline=baseline,
         fmt=fmt,  # type: ignore[arg-type]
-        lang=lang,
+        lang=lang,  # type: ignore[arg-type]
         recipe=recipe,
-    )  # type: ignore[arg-type]
+    )
     doc = safe_text(doc)  # received text never drives a terminal (nor fails to encode)
     if output:
         try:
