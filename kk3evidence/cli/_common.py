@@ -72,7 +72,15 @@ def safe_json(text: str) -> str:
     bidi overrides, lone surrogates) written as a ``\\uXXXX`` escape; still the same JSON."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() or c == "\n" else f"\\u{ord(c):04x}" for c in text)
+    return "".join(c if c.isprintable() or c == "\n" else _json_escape(c) for c in text)
+
+
+def _json_escape(c: str) -> str:
+    code = ord(c)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # beyond the BMP: a surrogate pair, as JSON spells it
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def echo_json(obj: Any) -> None:
