@@ -16,9 +16,8 @@ _MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "????"}
 def _human(result: CheckResult) -> str:
     head = f"{result.source}: "
     if result.recipe:
-        head += f"recipe {result.recipe}" + (
-            " (picked from the served model)" if result.recipe_auto else ""
-        )
+        head += f"recipe {result.recipe}" + (" (picked from the served model)"
+                                              if result.recipe_auto else "")
     else:
         head += "generic rules only (no --recipe given and none matches the model)"
     lines = [head, ""]
@@ -33,23 +32,17 @@ def _human(result: CheckResult) -> str:
     c = result.counts()
     lines.append("")
     failed = [f"{r.rule.id} {r.rule.name}" for r in result.failed if r.rule.level == "error"]
-    verdict = (
-        "outside the compatibility boundaries: " + "; ".join(failed)
-        if failed
-        else ("within the boundaries that could be checked")
-    )
+    verdict = "outside the compatibility boundaries: " + "; ".join(failed) if failed else (
+        "within the boundaries that could be checked")
     lines.append(f"{c['pass']} pass, {c['fail']} fail, {c['unknown']} unknown - {verdict}")
     return "\n".join(lines)
 
 
 @click.command(name="check")
 @click.argument("bundle", type=click.Path(dir_okay=False))
-@click.option(
-    "--recipe",
-    metavar="NAME",
-    help="Also apply a recipe's boundaries (e.g. kimi-k3). Default: picked from the "
-    "served model when one matches.",
-)
+@click.option("--recipe", metavar="NAME",
+              help="Also apply a recipe's boundaries (e.g. kimi-k3). Default: picked from the "
+                   "served model when one matches.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @handle_errors
 def command(bundle: str, recipe: str | None, as_json: bool) -> None:

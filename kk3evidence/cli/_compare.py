@@ -9,17 +9,8 @@ from kk3evidence.handoff.compare import Comparison, compare
 
 from ._common import echo_json, handle_errors, safe_text
 
-_COLUMNS = (
-    "run",
-    "environment",
-    "config",
-    "driver",
-    "image_id",
-    "vllm",
-    "gpus",
-    "within_boundaries",
-    "signature",
-)
+_COLUMNS = ("run", "environment", "config", "driver", "image_id", "vllm", "gpus",
+            "within_boundaries", "signature")
 
 
 def _table(rows: list[dict[str, object]], columns: tuple[str, ...]) -> list[str]:
@@ -30,9 +21,8 @@ def _table(rows: list[dict[str, object]], columns: tuple[str, ...]) -> list[str]
     cells = [[cell(r.get(c)) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     out = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
-    out += [
-        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
-    ]
+    out += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+            for row in cells]
     return out
 
 
@@ -43,7 +33,8 @@ def _human(result: Comparison) -> str:
     lines.append("Groups (identical configuration, same environment):")
     for g in result.groups:
         sigs = ", ".join(f"{s} x{n}" for s, n in g.signatures.items())
-        lines.append(f"  {g.config} [{g.environment}] {len(g.runs)} run(s): {g.stability} - {sigs}")
+        lines.append(f"  {g.config} [{g.environment}] {len(g.runs)} run(s): {g.stability} "
+                     f"- {sigs}")
         for k, vals in g.varying_fingerprint.items():
             lines.append(f"      fingerprint {k} varies: {', '.join(vals)}")
     lines.append("")
@@ -56,31 +47,16 @@ def _human(result: Comparison) -> str:
 
 @click.command(name="compare")
 @click.argument("bundles", nargs=-1, type=click.Path(dir_okay=False))
-@click.option(
-    "--isolated",
-    "isolated",
-    multiple=True,
-    type=click.Path(dir_okay=False),
-    metavar="BUNDLE",
-    help="A bundle captured in the isolated environment (repeatable; also compared).",
-)
-@click.option(
-    "--isolated-host",
-    "isolated_hosts",
-    multiple=True,
-    metavar="HOST",
-    help="Runs whose fingerprint host is HOST belong to the isolated environment.",
-)
+@click.option("--isolated", "isolated", multiple=True, type=click.Path(dir_okay=False),
+              metavar="BUNDLE",
+              help="A bundle captured in the isolated environment (repeatable; also compared).")
+@click.option("--isolated-host", "isolated_hosts", multiple=True, metavar="HOST",
+              help="Runs whose fingerprint host is HOST belong to the isolated environment.")
 @click.option("--json", "as_json", is_flag=True, help="Rows, groups and decision as JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="One CSV row per run.")
 @handle_errors
-def command(
-    bundles: tuple[str, ...],
-    isolated: tuple[str, ...],
-    isolated_hosts: tuple[str, ...],
-    as_json: bool,
-    as_csv: bool,
-) -> None:
+def command(bundles: tuple[str, ...], isolated: tuple[str, ...],
+            isolated_hosts: tuple[str, ...], as_json: bool, as_csv: bool) -> None:
     """Compare runs: a row per run (configuration and outcome), runs grouped by identical
     configuration, how stable the first failing stage is across repeats, and the guide's
     decision - keep fixing here, move to an isolated environment, or hand off upstream -

@@ -13,12 +13,8 @@ from ._common import echo_json, handle_errors, safe_text
 
 def _human(result: DiffResult) -> str:
     lines = [f"A: {result.a}", f"B: {result.b}", ""]
-    groups = (
-        ("fingerprint", "Environment fingerprint"),
-        ("command", "Launch command"),
-        ("env", "Environment variables"),
-        ("request", "Request"),
-    )
+    groups = (("fingerprint", "Environment fingerprint"), ("command", "Launch command"),
+              ("env", "Environment variables"), ("request", "Request"))
     for group, title in groups:
         changes = [c for c in result.changes if c.group == group]
         if changes:

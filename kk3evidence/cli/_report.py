@@ -15,47 +15,21 @@ from ._common import handle_errors, safe_text
 
 @click.command(name="report")
 @click.argument("bundle", type=click.Path(dir_okay=False))
-@click.option(
-    "--baseline",
-    "baseline",
-    metavar="BUNDLE",
-    type=click.Path(dir_okay=False),
-    help="The last stable run: adds the single-variable result against it.",
-)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(FORMATS),
-    default="markdown",
-    show_default=True,
-    help="markdown; github (vLLM bug-report template); html (one self-contained "
-    "file with a stage timeline).",
-)
-@click.option(
-    "--lang",
-    type=click.Choice(LANGS),
-    default="en",
-    show_default=True,
-    help="Language of the hand-off (ko: Korean).",
-)
-@click.option(
-    "--recipe",
-    metavar="NAME",
-    help="Compatibility recipe to check (default: picked from the served model).",
-)
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(dir_okay=False, writable=True),
-    help="Write to this file instead of stdout.",
-)
+@click.option("--baseline", "baseline", metavar="BUNDLE", type=click.Path(dir_okay=False),
+              help="The last stable run: adds the single-variable result against it.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="markdown",
+              show_default=True,
+              help="markdown; github (vLLM bug-report template); html (one self-contained "
+                   "file with a stage timeline).")
+@click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True,
+              help="Language of the hand-off (ko: Korean).")
+@click.option("--recipe", metavar="NAME",
+              help="Compatibility recipe to check (default: picked from the served model).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
+              help="Write to this file instead of stdout.")
 @handle_errors
 def command(  # noqa: PLR0917 - one parameter per click option
-    bundle: str,
-    baseline: str | None,
-    fmt: str,
-    lang: str,
-    recipe: str | None,
+    bundle: str, baseline: str | None, fmt: str, lang: str, recipe: str | None,
     output: str | None,
 ) -> None:
     """Write the hand-off for BUNDLE: fingerprint table, minimal command, fixed request and
@@ -63,13 +37,8 @@ def command(  # noqa: PLR0917 - one parameter per click option
     --baseline, compatibility boundaries, the guide's 11-item checklist evaluated from the
     evidence (pass / fail / unknown and why), and the reproducibility limits of online serving.
     """
-    doc = render_report(
-        bundle,
-        baseline=baseline,
-        fmt=fmt,  # type: ignore[arg-type]
-        lang=lang,  # type: ignore[arg-type]
-        recipe=recipe,
-    )
+    doc = render_report(bundle, baseline=baseline, fmt=fmt,  # type: ignore[arg-type]
+                        lang=lang, recipe=recipe)  # type: ignore[arg-type]
     doc = safe_text(doc)  # received text never drives a terminal (nor fails to encode)
     if output:
         try:

@@ -61,6 +61,8 @@ _PINNED: tuple[tuple[str, str], ...] = (
 _ISOLATED_NOTE = re.compile(r"\b(environment|env)\s*[:=]\s*isolated\b|#isolated\b", re.I)
 
 
+
+
 @dataclass(frozen=True, slots=True)
 class RunGroup:
     config: str
@@ -97,12 +99,8 @@ class Decision:
         return ACTION_TEXT[self.action]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "action": self.action,
-            "text": self.text,
-            "reasons": list(self.reasons),
-            "evidence": list(self.evidence),
-        }
+        return {"action": self.action, "text": self.text, "reasons": list(self.reasons),
+                "evidence": list(self.evidence)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +145,8 @@ def _config(ev: Evidence) -> tuple[str, str | None]:
     ready); such a run joins the group of the same command with a request."""
     cmd = serve_command(ev.argv)
     if cmd is not None:
-        flags = {
-            k: (list(v) if isinstance(v, tuple) else v) for k, v in cmd.flags.items() if k != "port"
-        }
+        flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cmd.flags.items()
+                 if k != "port"}
         command: Any = {"model": cmd.model, "flags": dict(sorted(flags.items()))}
     else:
         command = list(ev.argv)
@@ -163,9 +160,8 @@ def _config(ev: Evidence) -> tuple[str, str | None]:
     sig = request_signature(ev)
     if not sig:
         return base, None
-    config["request"] = {
-        k: sig.get(k) for k in ("endpoint", "input", "max_tokens", "temperature", "concurrency")
-    }
+    config["request"] = {k: sig.get(k) for k in ("endpoint", "input", "max_tokens",
+                                                 "temperature", "concurrency")}
     return base, _digest(config)
 
 
@@ -194,34 +190,15 @@ def _flags_text(ev: Evidence) -> str:
 
 
 _RUN_SCHEMA: dict[str, Any] = {
-    "run": pl.Utf8,
-    "environment": pl.Utf8,
-    "host": pl.Utf8,
-    "config": pl.Utf8,
-    "model": pl.Utf8,
-    "flags": pl.Utf8,
-    "image_ref": pl.Utf8,
-    "image_id": pl.Utf8,
-    "driver": pl.Utf8,
-    "cuda_driver": pl.Utf8,
-    "kernel": pl.Utf8,
-    "vllm": pl.Utf8,
-    "torch": pl.Utf8,
-    "torch_cuda": pl.Utf8,
-    "gpus": pl.Int64,
-    "gpu_name": pl.Utf8,
-    "input_length": pl.Int64,
-    "max_tokens": pl.Int64,
-    "concurrency": pl.Int64,
-    "other_gpu_processes": pl.Int64,
-    "within_boundaries": pl.Utf8,
-    "first_failure_stage": pl.Utf8,
-    "first_failure_category": pl.Utf8,
-    "first_failure_rule": pl.Utf8,
-    "last_stage": pl.Utf8,
-    "exit_code": pl.Int64,
-    "request_status": pl.Int64,
-    "signature": pl.Utf8,
+    "run": pl.Utf8, "environment": pl.Utf8, "host": pl.Utf8, "config": pl.Utf8,
+    "model": pl.Utf8, "flags": pl.Utf8, "image_ref": pl.Utf8, "image_id": pl.Utf8,
+    "driver": pl.Utf8, "cuda_driver": pl.Utf8, "kernel": pl.Utf8, "vllm": pl.Utf8,
+    "torch": pl.Utf8, "torch_cuda": pl.Utf8, "gpus": pl.Int64, "gpu_name": pl.Utf8,
+    "input_length": pl.Int64, "max_tokens": pl.Int64, "concurrency": pl.Int64,
+    "other_gpu_processes": pl.Int64, "within_boundaries": pl.Utf8,
+    "first_failure_stage": pl.Utf8, "first_failure_category": pl.Utf8,
+    "first_failure_rule": pl.Utf8, "last_stage": pl.Utf8, "exit_code": pl.Int64,
+    "request_status": pl.Int64, "signature": pl.Utf8,
 }
 
 
@@ -237,8 +214,7 @@ def _row(ev: Evidence, env: Environment, config_id: str, boundaries: str) -> dic
     devices = dig(fp, "gpus.devices") or []
     names = sorted({str(d.get("name")) for d in devices if isinstance(d, Mapping)})
     req = next((r for r in ev.requests if r.get("kind") == "fixed"), None) or (
-        ev.requests[0] if ev.requests else None
-    )
+        ev.requests[0] if ev.requests else None)
     row: dict[str, Any] = {
         "run": ev.label,
         "environment": env,
@@ -286,9 +262,8 @@ def _cell(value: Any, dtype: Any) -> Any:
 # --- decision ------------------------------------------------------------------------------
 
 
-def _decide(
-    frame: pl.DataFrame, groups: Sequence[RunGroup], evs: Mapping[str, Evidence]
-) -> Decision:
+def _decide(frame: pl.DataFrame, groups: Sequence[RunGroup],
+            evs: Mapping[str, Evidence]) -> Decision:
     reasons: list[str] = []
     evidence: list[str] = []
     original = [g for g in groups if g.environment == "original"]
@@ -302,35 +277,27 @@ def _decide(
         sig = failing[0]
         twin = next((g for g in original if g.config == ig.config), None)
         if twin is not None and sig in twin.signatures:
-            reasons.append(
-                f"the same failure ({sig}) reproduces in the isolated environment "
-                f"with the same configuration {ig.config}"
-            )
-            evidence.append(f"original runs {', '.join(twin.runs)}: {_counts(twin.signatures)}")
+            reasons.append(f"the same failure ({sig}) reproduces in the isolated environment "
+                           f"with the same configuration {ig.config}")
+            evidence.append(f"original runs {', '.join(twin.runs)}: "
+                            f"{_counts(twin.signatures)}")
             evidence.append(f"isolated runs {', '.join(ig.runs)}: {_counts(ig.signatures)}")
             return Decision("hand_off_upstream", tuple(reasons), tuple(evidence))
         if twin is None and len(ig.runs) >= 2:
-            reasons.append(
-                f"the failure {sig} repeats in every isolated run of configuration "
-                f"{ig.config} (no original-cluster run of the same configuration to "
-                "match it against)"
-            )
+            reasons.append(f"the failure {sig} repeats in every isolated run of configuration "
+                           f"{ig.config} (no original-cluster run of the same configuration to "
+                           "match it against)")
             evidence.append(f"isolated runs {', '.join(ig.runs)}: {_counts(ig.signatures)}")
             return Decision("hand_off_upstream", tuple(reasons), tuple(evidence))
 
     # Isolated runs pass where the original cluster fails: the cluster is the suspect.
     for ig in isolated:
         twin = next((g for g in original if g.config == ig.config), None)
-        if (
-            twin is not None
-            and set(ig.signatures) == {"ok"}
-            and any(s != "ok" for s in twin.signatures)
-        ):
-            reasons.append(
-                "the same configuration starts cleanly in the isolated environment "
-                "but fails on the original cluster: look at the cluster's driver "
-                "leftovers, device exposure, network, permissions and shared memory"
-            )
+        if twin is not None and set(ig.signatures) == {"ok"} and any(
+                s != "ok" for s in twin.signatures):
+            reasons.append("the same configuration starts cleanly in the isolated environment "
+                           "but fails on the original cluster: look at the cluster's driver "
+                           "leftovers, device exposure, network, permissions and shared memory")
             evidence.append(f"original runs {', '.join(twin.runs)}: {_counts(twin.signatures)}")
             evidence.append(f"isolated runs {', '.join(ig.runs)}: {_counts(ig.signatures)}")
             return Decision("keep_fixing_here", tuple(reasons), tuple(evidence))
@@ -344,73 +311,51 @@ def _decide(
             if "no" in within:
                 boundary_failures.append(
                     f"configuration {g.config}: failure point varies ({_counts(g.signatures)}) "
-                    "but the runs are outside the official boundaries"
-                )
+                    "but the runs are outside the official boundaries")
             else:
                 note = "" if within == {"yes"} else " (boundaries could not be fully checked)"
-                move_reasons.append(
-                    f"(1) the failure point varies run to run within the official boundaries{note}"
-                )
-                evidence.append(
-                    f"configuration {g.config}, runs {', '.join(g.runs)}: {_counts(g.signatures)}"
-                )
+                move_reasons.append(f"(1) the failure point varies run to run within the "
+                                    f"official boundaries{note}")
+                evidence.append(f"configuration {g.config}, runs {', '.join(g.runs)}: "
+                                f"{_counts(g.signatures)}")
         if g.varying_fingerprint:
-            move_reasons.append(
-                "(2) runs meant to be identical have different fingerprints: "
-                "the driver or container cannot be pinned"
-            )
+            move_reasons.append("(2) runs meant to be identical have different fingerprints: "
+                                "the driver or container cannot be pinned")
             for k, vals in g.varying_fingerprint.items():
                 evidence.append(f"configuration {g.config}: {k} varies: {', '.join(vals)}")
-    busy = [
-        (name, procs)
-        for name, ev in evs.items()
-        if frame.filter(pl.col("run") == name)["environment"].to_list() == ["original"]
-        and (procs := other_gpu_processes(ev))
-    ]
+    busy = [(name, procs) for name, ev in evs.items()
+            if frame.filter(pl.col("run") == name)["environment"].to_list() == ["original"]
+            and (procs := other_gpu_processes(ev))]
     if busy:
-        move_reasons.append(
-            "(3) other jobs use the GPUs, so a single-variable experiment is not possible"
-        )
+        move_reasons.append("(3) other jobs use the GPUs, so a single-variable experiment is "
+                            "not possible")
         for name, procs in busy[:5]:
-            evidence.append(
-                f"{name}: {'; '.join(procs[:3])}"
-                + (f" (+{len(procs) - 3} more)" if len(procs) > 3 else "")
-            )
+            evidence.append(f"{name}: {'; '.join(procs[:3])}"
+                            + (f" (+{len(procs) - 3} more)" if len(procs) > 3 else ""))
     if move_reasons:
         return Decision("move_to_isolated", tuple(dict.fromkeys(move_reasons)), tuple(evidence))
 
     if boundary_failures:
-        reasons.append(
-            "bring the environment within the official compatibility boundaries "
-            "first (kk3evidence check), then repeat"
-        )
+        reasons.append("bring the environment within the official compatibility boundaries "
+                       "first (kk3evidence check), then repeat")
         return Decision("keep_fixing_here", tuple(reasons), tuple(boundary_failures))
     stable = [g for g in original if g.stability == "stable"]
     if stable:
         for g in stable:
-            evidence.append(
-                f"configuration {g.config}, runs {', '.join(g.runs)}: {_counts(g.signatures)}"
-            )
+            evidence.append(f"configuration {g.config}, runs {', '.join(g.runs)}: "
+                            f"{_counts(g.signatures)}")
         if any(s != "ok" for g in stable for s in g.signatures):
-            reasons.append(
-                "the failure repeats at the same stage in a pinned environment with "
-                "no other jobs: keep changing one variable at a time here"
-            )
+            reasons.append("the failure repeats at the same stage in a pinned environment with "
+                           "no other jobs: keep changing one variable at a time here")
         else:
-            reasons.append(
-                "the same configuration starts cleanly on every repeat in a pinned "
-                "environment with no other jobs: keep restoring one variable at a "
-                "time here"
-            )
+            reasons.append("the same configuration starts cleanly on every repeat in a pinned "
+                           "environment with no other jobs: keep restoring one variable at a "
+                           "time here")
     else:
-        reasons.append(
-            "no repeated configuration yet: run the same configuration again to "
-            "see whether the first failing stage is stable"
-        )
-        evidence.extend(
-            f"configuration {g.config}: {', '.join(g.runs)} -> {_counts(g.signatures)}"
-            for g in original
-        )
+        reasons.append("no repeated configuration yet: run the same configuration again to "
+                       "see whether the first failing stage is stable")
+        evidence.extend(f"configuration {g.config}: {', '.join(g.runs)} -> "
+                        f"{_counts(g.signatures)}" for g in original)
     return Decision("keep_fixing_here", tuple(reasons), tuple(evidence))
 
 
@@ -421,9 +366,8 @@ def _counts(sigs: Mapping[str, int]) -> str:
 # --- entry points --------------------------------------------------------------------------
 
 
-def compare_evidence(
-    runs: Sequence[Evidence], *, isolated: Iterable[str] = (), isolated_hosts: Iterable[str] = ()
-) -> Comparison:
+def compare_evidence(runs: Sequence[Evidence], *, isolated: Iterable[str] = (),
+                     isolated_hosts: Iterable[str] = ()) -> Comparison:
     """Compare already-loaded runs (see module docs for the isolated-environment markers)."""
     iso = set(isolated)
     iso |= {str(Path(p).resolve()) for p in list(iso)}
@@ -452,42 +396,30 @@ def compare_evidence(
         row = _row(ev, _environment(ev, iso, iso_hosts), config_id, boundaries)
         row["run"] = name
         rows.append(row)
-    frame = (
-        pl.DataFrame(rows, schema=_RUN_SCHEMA, orient="row")
-        if rows
-        else pl.DataFrame(schema=_RUN_SCHEMA)
-    )
+    frame = pl.DataFrame(rows, schema=_RUN_SCHEMA, orient="row") if rows else pl.DataFrame(
+        schema=_RUN_SCHEMA)
     groups = []
     grouped = frame.group_by(["config", "environment"], maintain_order=True).agg(
-        pl.col("run"),
-        pl.col("signature"),
-        *[pl.col(name).unique(maintain_order=True).alias(f"_{name}") for name, _ in _PINNED],
-    )
+        pl.col("run"), pl.col("signature"),
+        *[pl.col(name).unique(maintain_order=True).alias(f"_{name}") for name, _ in _PINNED])
     for rec in grouped.iter_rows(named=True):
         sigs: dict[str, int] = {}
         for s in rec["signature"]:
             sigs[s] = sigs.get(s, 0) + 1
-        varying = {
-            name: tuple(str(v) for v in rec[f"_{name}"])
-            for name, _ in _PINNED
-            if len(rec[f"_{name}"]) > 1
-        }
-        groups.append(RunGroup(rec["config"], rec["environment"], tuple(rec["run"]), sigs, varying))
+        varying = {name: tuple(str(v) for v in rec[f"_{name}"])
+                   for name, _ in _PINNED if len(rec[f"_{name}"]) > 1}
+        groups.append(RunGroup(rec["config"], rec["environment"], tuple(rec["run"]), sigs,
+                               varying))
     return Comparison(frame, tuple(groups), _decide(frame, groups, evs))
 
 
-def compare(
-    bundles: Sequence[Evidence | str | Path],
-    *,
-    isolated: Iterable[str] = (),
-    isolated_hosts: Iterable[str] = (),
-) -> Comparison:
+def compare(bundles: Sequence[Evidence | str | Path], *, isolated: Iterable[str] = (),
+            isolated_hosts: Iterable[str] = ()) -> Comparison:
     """Compare bundles (paths or loaded evidence): rows, groups, stability and the decision.
 
     ``isolated`` names bundles (paths or file names) run in the isolated environment;
     ``isolated_hosts`` names hosts that are isolated. Raises
     :class:`kk3evidence.errors.BundleError` for an unreadable bundle.
     """
-    return compare_evidence(
-        [_evidence.coerce(b) for b in bundles], isolated=isolated, isolated_hosts=isolated_hosts
-    )
+    return compare_evidence([_evidence.coerce(b) for b in bundles], isolated=isolated,
+                            isolated_hosts=isolated_hosts)

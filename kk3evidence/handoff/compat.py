@@ -123,17 +123,8 @@ class CheckResult:
 # --- rule files ----------------------------------------------------------------------------
 
 _LEVELS = ("error", "warning")
-_RULE_KEYS = (
-    "id",
-    "name",
-    "check",
-    "level",
-    "summary",
-    "why",
-    "next_steps",
-    "source",
-    "source_date",
-)
+_RULE_KEYS = ("id", "name", "check", "level", "summary", "why", "next_steps", "source",
+              "source_date")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
@@ -149,9 +140,8 @@ def _parse_rule_file(name: str, text: str) -> list[CompatRule]:
     validator = jsonschema.Draft202012Validator(_file_schema())
     for err in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
-        raise RuleError(
-            f"rules/compat/{name}: ${path}: {err.message} (see schemas/compat-rule.schema.json)"
-        )
+        raise RuleError(f"rules/compat/{name}: ${path}: {err.message} "
+                        "(see schemas/compat-rule.schema.json)")
     recipe = data.get("recipe")
     out: list[CompatRule] = []
     for i, raw in enumerate(data.get("rule") or []):
@@ -160,37 +150,28 @@ def _parse_rule_file(name: str, text: str) -> list[CompatRule]:
         if missing:
             raise RuleError(f"{where}: missing or empty {', '.join(missing)}")
         if raw["check"] not in _CHECKS:
-            raise RuleError(
-                f"{where}: unknown check {raw['check']!r}; known: {', '.join(sorted(_CHECKS))}"
-            )
+            raise RuleError(f"{where}: unknown check {raw['check']!r}; known: "
+                            f"{', '.join(sorted(_CHECKS))}")
         if raw["level"] not in _LEVELS:
             raise RuleError(f"{where}: level must be one of {', '.join(_LEVELS)}")
         if not _DATE.match(raw["source_date"]):
             raise RuleError(f"{where}: source_date must be YYYY-MM-DD")
         if not raw["source"].startswith("https://"):
             raise RuleError(f"{where}: source must be an https URL")
-        out.append(
-            CompatRule(
-                id=raw["id"],
-                name=raw["name"],
-                check=raw["check"],
-                level=raw["level"],
-                summary=raw["summary"],
-                why=raw["why"],
-                next_steps=raw["next_steps"],
-                source=raw["source"],
-                source_date=raw["source_date"],
-                recipe=str(recipe) if recipe else None,
-                params=dict(raw.get("params") or {}),
-                file=f"rules/compat/{name}",
-            )
-        )
+        out.append(CompatRule(
+            id=raw["id"], name=raw["name"], check=raw["check"], level=raw["level"],
+            summary=raw["summary"], why=raw["why"], next_steps=raw["next_steps"],
+            source=raw["source"], source_date=raw["source_date"],
+            recipe=str(recipe) if recipe else None, params=dict(raw.get("params") or {}),
+            file=f"rules/compat/{name}",
+        ))
     return out
 
 
 @functools.lru_cache(maxsize=1)
 def _file_schema() -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads(_resources.read_text("schemas", "compat-rule.schema.json"))
+    schema: dict[str, Any] = json.loads(_resources.read_text("schemas",
+                                                            "compat-rule.schema.json"))
     return schema
 
 
@@ -210,7 +191,8 @@ def _compat_files() -> list[Any]:
         raise RuleError(str(exc)) from exc
     if not folder.is_dir():
         raise RuleError("rules/compat is missing from this install; reinstall kk3evidence")
-    return sorted((n for n in folder.iterdir() if n.name.endswith(".toml")), key=lambda n: n.name)
+    return sorted((n for n in folder.iterdir() if n.name.endswith(".toml")),
+                  key=lambda n: n.name)
 
 
 def load_compat_rules() -> list[CompatRule]:
@@ -232,6 +214,8 @@ def recipes() -> list[str]:
 
 
 # --- helpers over the evidence ---------------------------------------------------------------
+
+
 
 
 def parse_version(text: Any) -> tuple[int, ...] | None:
@@ -360,11 +344,8 @@ def _check_image_flavour(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     flavour = _flavour_of_cuda(cuda)
     if flavour in allowed:
         return "pass", f"container CUDA {_vstr(cuda)} is a {flavour} build", evidence
-    return (
-        "fail",
-        f"container CUDA {_vstr(cuda)} is a {flavour} build; allowed: {', '.join(allowed)}",
-        evidence,
-    )
+    return ("fail", f"container CUDA {_vstr(cuda)} is a {flavour} build; allowed: "
+            f"{', '.join(allowed)}", evidence)
 
 
 def _driver(ev: Evidence) -> tuple[tuple[int, ...] | None, list[str]]:
@@ -431,21 +412,16 @@ def _check_gpu_count(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     return "fail", f"{total} GPUs visible, {layout} needs at least {need}", evidence
 
 
-_MULTI_NODE_FLAGS = (
-    "--nnodes",
-    "--headless",
-    "--data-parallel-address",
-    "--distributed-executor-backend",
-)
+_MULTI_NODE_FLAGS = ("--nnodes", "--headless", "--data-parallel-address",
+                     "--distributed-executor-backend")
 
 
 def _check_parallel_fits(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     flags = _flags(ev)
     tp = _int_flag(flags, "--tensor-parallel-size", 1)
     pp = _int_flag(flags, "--pipeline-parallel-size", 1)
-    dp_local = _int_flag(
-        flags, "--data-parallel-size-local", _int_flag(flags, "--data-parallel-size", 1)
-    )
+    dp_local = _int_flag(flags, "--data-parallel-size-local",
+                         _int_flag(flags, "--data-parallel-size", 1))
     world = tp * pp * dp_local
     evidence = [f"launch argv: tp={tp} pp={pp} local dp={dp_local} -> {world} ranks"]
     count, ev_gpus = visible_gpus(ev)
@@ -454,20 +430,12 @@ def _check_parallel_fits(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
         return "unknown", "no GPU inventory in the fingerprint (CPU run or NVML absent)", evidence
     if world <= count:
         return "pass", f"{world} ranks fit on {count} visible GPUs", evidence
-    multi = [
-        f
-        for f in _MULTI_NODE_FLAGS
-        if _flag(flags, f) not in (None, False)
-        and not (f == "--distributed-executor-backend" and _flag(flags, f) != "ray")
-        and not (f == "--nnodes" and _int_flag(flags, f, 1) <= 1)
-    ]
+    multi = [f for f in _MULTI_NODE_FLAGS if _flag(flags, f) not in (None, False)
+             and not (f == "--distributed-executor-backend" and _flag(flags, f) != "ray")
+             and not (f == "--nnodes" and _int_flag(flags, f, 1) <= 1)]
     if multi:
-        return (
-            "unknown",
-            f"{world} ranks > {count} local GPUs, but the command is multi-node "
-            f"({', '.join(multi)}); check the other nodes",
-            evidence,
-        )
+        return ("unknown", f"{world} ranks > {count} local GPUs, but the command is multi-node "
+                f"({', '.join(multi)}); check the other nodes", evidence)
     return "fail", f"{world} ranks need {world} GPUs, only {count} visible", evidence
 
 
@@ -482,24 +450,14 @@ def _check_cuda_driver_floor(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
         return "unknown", f"container CUDA {_vstr(cuda)}, but no host driver version", evidence
     floor = floors.get(cuda[:2])
     if floor is None:
-        return (
-            "unknown",
-            f"no driver floor on record for CUDA {_vstr(cuda)} "
-            f"(known: {', '.join(sorted(_vstr(k) for k in floors if k))})",
-            evidence,
-        )
+        return ("unknown", f"no driver floor on record for CUDA {_vstr(cuda)} "
+                f"(known: {', '.join(sorted(_vstr(k) for k in floors if k))})", evidence)
     need = parse_version(floor) or ()
     if drv >= need:
-        return (
-            "pass",
-            f"driver {_driver_text(ev)} >= {floor} required by CUDA {_vstr(cuda)}",
-            evidence,
-        )
-    return (
-        "fail",
-        f"CUDA {_vstr(cuda)} needs driver >= {floor}, host has {_driver_text(ev)}",
-        evidence,
-    )
+        return ("pass", f"driver {_driver_text(ev)} >= {floor} required by CUDA {_vstr(cuda)}",
+                evidence)
+    return ("fail", f"CUDA {_vstr(cuda)} needs driver >= {floor}, host has {_driver_text(ev)}",
+            evidence)
 
 
 def _check_runtime_le_driver(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
@@ -511,16 +469,10 @@ def _check_runtime_le_driver(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     if cuda is None or drv_cuda is None:
         return "unknown", "container CUDA or NVML CUDA driver version missing", evidence
     if cuda[:2] <= drv_cuda[:2]:
-        return (
-            "pass",
-            f"runtime CUDA {_vstr(cuda[:2])} <= driver CUDA {_vstr(drv_cuda[:2])}",
-            evidence,
-        )
-    return (
-        "fail",
-        f"runtime CUDA {_vstr(cuda[:2])} is newer than the driver's CUDA {_vstr(drv_cuda[:2])}",
-        evidence,
-    )
+        return ("pass", f"runtime CUDA {_vstr(cuda[:2])} <= driver CUDA {_vstr(drv_cuda[:2])}",
+                evidence)
+    return ("fail", f"runtime CUDA {_vstr(cuda[:2])} is newer than the driver's CUDA "
+            f"{_vstr(drv_cuda[:2])}", evidence)
 
 
 def _check_flag_present(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
@@ -528,15 +480,8 @@ def _check_flag_present(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     if not ev.argv:
         return "unknown", "no launch argv in the bundle", []
     value = _flag(_flags(ev), flag)
-    shown = (
-        "(absent)"
-        if value is None
-        else "on"
-        if value is True
-        else "off"
-        if value is False
+    shown = "(absent)" if value is None else "on" if value is True else "off" if value is False \
         else value
-    )
     evidence = [f"launch argv {flag}: {shown}"]
     if value not in (None, False, "false", "False"):
         return "pass", f"{flag} is given", evidence
@@ -578,11 +523,8 @@ def _check_image_ref_is(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     ref = dig(ev.fingerprint, "container.image_ref")
     if not ref:
         runtime = dig(ev.fingerprint, "container.runtime")
-        return (
-            "unknown",
-            "no image reference in the fingerprint",
-            [f"fingerprint container.runtime: {runtime}"] if runtime else [],
-        )
+        return ("unknown", "no image reference in the fingerprint",
+                [f"fingerprint container.runtime: {runtime}"] if runtime else [])
     evidence = [f"fingerprint container.image_ref: {ref}"]
     image_id = dig(ev.fingerprint, "container.image_id")
     if image_id:
@@ -629,9 +571,8 @@ def _auto_recipe(ev: Evidence) -> str | None:
     return None
 
 
-def check_evidence(
-    ev: Evidence, recipe: str | None = None, rules: Sequence[CompatRule] | None = None
-) -> CheckResult:
+def check_evidence(ev: Evidence, recipe: str | None = None,
+                   rules: Sequence[CompatRule] | None = None) -> CheckResult:
     """Evaluate the generic rules and, if any, one recipe's rules against loaded evidence."""
     all_rules = list(rules) if rules is not None else load_compat_rules()
     known = {r.recipe for r in all_rules if r.recipe}
@@ -648,9 +589,8 @@ def check_evidence(
         try:
             status, reason, evidence = _CHECKS[rule.check](ev, rule.params)
         except (KeyError, TypeError, ValueError) as exc:
-            raise RuleError(
-                f"{rule.file} {rule.id}: bad params for check {rule.check} ({exc})"
-            ) from exc
+            raise RuleError(f"{rule.file} {rule.id}: bad params for check {rule.check} "
+                            f"({exc})") from exc
         results.append(RuleResult(rule, status, reason, tuple(evidence)))
     return CheckResult(ev.source, recipe, auto, tuple(results))
 

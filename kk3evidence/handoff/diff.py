@@ -30,6 +30,7 @@ Group = Literal["fingerprint", "command", "env", "request", "outcome"]
 Verdict = Literal["none", "one", "several"]
 
 
+
 @dataclass(frozen=True, slots=True)
 class Change:
     """One difference between run A and run B.
@@ -144,6 +145,8 @@ def _show(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
+
+
 # --- fingerprint -------------------------------------------------------------------------
 
 # (dotted path in fingerprint.json, label, explained by which counted variable when it changed)
@@ -173,15 +176,8 @@ def _gpu_identity(fp: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     devices = dig(fp, "gpus.devices")
     if not isinstance(devices, list):
         return None
-    keep = (
-        "name",
-        "uuid",
-        "pci_bus_id",
-        "memory_total_bytes",
-        "compute_capability",
-        "mig_mode",
-        "ecc_mode",
-    )
+    keep = ("name", "uuid", "pci_bus_id", "memory_total_bytes", "compute_capability", "mig_mode",
+            "ecc_mode")
     return [{k: d.get(k) for k in keep if isinstance(d, Mapping)} for d in devices]
 
 
@@ -208,9 +204,8 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
     rt_a, rt_b = dig(fa, "container.runtime"), dig(fb, "container.runtime")
     runtime_changed = rt_a != rt_b
     if runtime_changed:
-        out.append(
-            Change("fingerprint:container.runtime", "fingerprint", rt_a, rt_b, "container runtime")
-        )
+        out.append(Change("fingerprint:container.runtime", "fingerprint", rt_a, rt_b,
+                          "container runtime"))
     image_changed = runtime_changed
     image_label = "container runtime"
     ref_a, ref_b = dig(fa, "container.image_ref"), dig(fb, "container.image_ref")
@@ -221,60 +216,30 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
         if id_a != id_b:
             image_changed = True
             image_label = "image id"
-            out.append(
-                Change(
-                    "fingerprint:container.image_id",
-                    "fingerprint",
-                    id_a,
-                    id_b,
-                    "image id",
-                    detail=None if ref_a != ref_b else f"same tag {ref_a} moved",
-                )
-            )
+            out.append(Change("fingerprint:container.image_id", "fingerprint", id_a, id_b,
+                              "image id",
+                              detail=None if ref_a != ref_b else f"same tag {ref_a} moved"))
         if ref_a != ref_b:
             if id_a == id_b:
-                ign.append(
-                    Ignored("image reference", ref_a, ref_b, "same image id under another name")
-                )
+                ign.append(Ignored("image reference", ref_a, ref_b,
+                                   "same image id under another name"))
             else:
-                out.append(
-                    Change(
-                        "fingerprint:container.image_ref",
-                        "fingerprint",
-                        ref_a,
-                        ref_b,
-                        "image reference",
-                        explained_by="image id",
-                    )
-                )
+                out.append(Change("fingerprint:container.image_ref", "fingerprint", ref_a, ref_b,
+                                  "image reference", explained_by="image id"))
     elif ref_a and ref_b and ref_a != ref_b:
         image_changed = True
         image_label = "image reference"
-        out.append(
-            Change(
-                "fingerprint:container.image_ref",
-                "fingerprint",
-                ref_a,
-                ref_b,
-                "image reference",
-                detail="image id unknown on at least one side",
-            )
-        )
+        out.append(Change("fingerprint:container.image_ref", "fingerprint", ref_a, ref_b,
+                          "image reference",
+                          detail="image id unknown on at least one side"))
     else:
         for what, va, vb in (("image reference", ref_a, ref_b), ("image id", id_a, id_b)):
             if va == vb:
                 continue
             if runtime_changed:
-                out.append(
-                    Change(
-                        f"fingerprint:container.{what.replace(' ', '_')}",
-                        "fingerprint",
-                        va,
-                        vb,
-                        what,
-                        explained_by="container runtime",
-                    )
-                )
+                out.append(Change(f"fingerprint:container.{what.replace(' ', '_')}",
+                                  "fingerprint", va, vb, what,
+                                  explained_by="container runtime"))
             else:
                 ign.append(Ignored(what, va, vb, _ONE_SIDED))
 
@@ -282,21 +247,13 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
     gpus_a, gpus_b = _gpu_identity(fa), _gpu_identity(fb)
     gpus_changed = gpus_a != gpus_b and gpus_a is not None and gpus_b is not None
     if gpus_changed:
-        out.append(
-            Change(
-                "fingerprint:gpus.devices",
-                "fingerprint",
-                _gpu_summary(gpus_a),
-                _gpu_summary(gpus_b),
-                "GPUs",
-            )
-        )
+        out.append(Change("fingerprint:gpus.devices", "fingerprint",
+                          _gpu_summary(gpus_a), _gpu_summary(gpus_b), "GPUs"))
     elif gpus_a != gpus_b:
         ign.append(Ignored("GPUs", _gpu_summary(gpus_a), _gpu_summary(gpus_b), _ONE_SIDED))
 
     cvd_changed = dig(a.fingerprint, "env.CUDA_VISIBLE_DEVICES") != dig(
-        b.fingerprint, "env.CUDA_VISIBLE_DEVICES"
-    )
+        b.fingerprint, "env.CUDA_VISIBLE_DEVICES")
     for path, label, cause in _FP_FIELDS:
         if path.startswith("container."):
             continue
@@ -317,20 +274,13 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
                 # Not collected on one side (a probe failed or timed out): unknown, not a change.
                 ign.append(Ignored(label, va, vb, _ONE_SIDED))
                 continue
-        out.append(
-            Change(f"fingerprint:{path}", "fingerprint", va, vb, label, explained_by=explained)
-        )
+        out.append(Change(f"fingerprint:{path}", "fingerprint", va, vb, label,
+                          explained_by=explained))
 
     libs_a, libs_b = _libraries(fa), _libraries(fb)
     if bool(libs_a) != bool(libs_b):
-        ign.append(
-            Ignored(
-                "loaded libraries",
-                len(libs_a),
-                len(libs_b),
-                "library scan empty on one side: cannot tell whether they changed",
-            )
-        )
+        ign.append(Ignored("loaded libraries", len(libs_a), len(libs_b),
+                           "library scan empty on one side: cannot tell whether they changed"))
         libs_a, libs_b = {}, {}
     for name in sorted(set(libs_a) | set(libs_b)):
         la, lb = libs_a.get(name), libs_b.get(name)
@@ -341,39 +291,22 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
             explained = "NVIDIA driver"
         elif image_changed:
             explained = image_label
-        out.append(
-            Change(
-                f"fingerprint:library:{name}",
-                "fingerprint",
-                _lib_show(la),
-                _lib_show(lb),
-                f"loaded library {name}",
-                explained_by=explained,
-            )
-        )
+        out.append(Change(f"fingerprint:library:{name}", "fingerprint", _lib_show(la),
+                          _lib_show(lb), f"loaded library {name}", explained_by=explained))
 
     # Noise: recorded so a reader sees it was looked at.
     for path, why in (
         ("collected_at", "timestamp"),
-        (
-            "host.hostname",
-            "container and pod hostnames are random; host identity is judged by "
-            "kernel, driver and GPU UUIDs",
-        ),
+        ("host.hostname", "container and pod hostnames are random; host identity is judged by "
+                          "kernel, driver and GPU UUIDs"),
     ):
         va, vb = dig(fa, path), dig(fb, path)
         if va != vb:
             ign.append(Ignored(f"fingerprint {path}", va, vb, why))
     mem_a, mem_b = _gpu_dynamic(fa), _gpu_dynamic(fb)
     if mem_a != mem_b:
-        ign.append(
-            Ignored(
-                "GPU memory in use and GPU processes",
-                mem_a,
-                mem_b,
-                "changes from moment to moment; see notes.cluster for other jobs",
-            )
-        )
+        ign.append(Ignored("GPU memory in use and GPU processes", mem_a, mem_b,
+                           "changes from moment to moment; see notes.cluster for other jobs"))
 
 
 def _gpu_dynamic(fp: Mapping[str, Any]) -> list[Any] | None:
@@ -382,8 +315,7 @@ def _gpu_dynamic(fp: Mapping[str, Any]) -> list[Any] | None:
         return None
     return [
         {"used": d.get("memory_used_bytes"), "processes": len(d.get("processes") or [])}
-        for d in devices
-        if isinstance(d, Mapping)
+        for d in devices if isinstance(d, Mapping)
     ]
 
 
@@ -431,30 +363,21 @@ def _plain(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
 
 
-def _diff_command(
-    a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored], eq: list[str]
-) -> None:
+def _diff_command(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored],
+                  eq: list[str]) -> None:
     from kk3evidence import vllm_args
 
     ca, cb = serve_command(a.argv), serve_command(b.argv)
     if ca is None or cb is None:
         if a.argv != b.argv:
-            out.append(
-                Change(
-                    "argv",
-                    "command",
-                    " ".join(a.argv) or None,
-                    " ".join(b.argv) or None,
-                    "launch command",
-                    detail="not a vllm serve command on at least one side; compared token by token",
-                )
-            )
+            out.append(Change("argv", "command", " ".join(a.argv) or None,
+                              " ".join(b.argv) or None, "launch command",
+                              detail="not a vllm serve command on at least one side; compared "
+                                     "token by token"))
         return
     if ca.program != cb.program:
-        eq.append(
-            f"launcher written '{' '.join(ca.program)}' in A and "
-            f"'{' '.join(cb.program)}' in B (the vLLM build is compared in the fingerprint)"
-        )
+        eq.append(f"launcher written '{' '.join(ca.program)}' in A and "
+                  f"'{' '.join(cb.program)}' in B (the vLLM build is compared in the fingerprint)")
     changes = vllm_args.flag_diff(ca, cb)
     changed = {c.name for c in changes}
     for c in changes:
@@ -464,47 +387,33 @@ def _diff_command(
         va = None if c.a_default else _plain(c.a)
         vb = None if c.b_default else _plain(c.b)
         if c.name in _NOISE_FLAGS:
-            ign.append(
-                Ignored(
-                    f"--{c.name}", va, vb, "ports are chosen per run; a clash shows in the outcome"
-                )
-            )
+            ign.append(Ignored(f"--{c.name}", va, vb,
+                               "ports are chosen per run; a clash shows in the outcome"))
             continue
         detail = None
         if c.a_default or c.b_default:
             default = c.a if c.a_default else c.b
-            detail = (
-                "unset side uses vLLM's default"
-                + (
-                    f" {vllm_args.format_value(default)}"
-                    if default is not None
-                    else " (decided at start-up)"
-                )
-                + (f"; {c.note}" if c.note else "")
-            )
+            detail = ("unset side uses vLLM's default"
+                      + (f" {vllm_args.format_value(default)}" if default is not None
+                         else " (decided at start-up)")
+                      + (f"; {c.note}" if c.note else ""))
         out.append(Change(f"argv:--{c.name}", "command", va, vb, f"--{c.name}", detail=detail))
     for name in sorted(set(ca.flags) ^ set(cb.flags)):
         if name not in changed:
             side = "A" if name in ca.flags else "B"
             value = (ca.flags if side == "A" else cb.flags)[name]
             shown = vllm_args.format_value(value)
-            eq.append(
-                f"--{name} {shown} given in {side} only: that is vLLM's "
-                "default, so both runs use the same value"
-            )
+            eq.append(f"--{name} {shown} given in {side} only: that is vLLM's "
+                      "default, so both runs use the same value")
     real = [c for c in changes if c.name not in _NOISE_FLAGS]
     if not real and _spelling(a.argv) != _spelling(b.argv):
-        eq.append(
-            "flags written differently (--x=1 vs --x 1, aliases, order): same meaning to vLLM"
-        )
+        eq.append("flags written differently (--x=1 vs --x 1, aliases, order): same meaning to "
+                  "vLLM")
     for name in sorted(set(ca.env) | set(cb.env)):
         va, vb = ca.env.get(name), cb.env.get(name)
         if va != vb:
-            out.append(
-                Change(
-                    f"env:{name}", "env", va, vb, f"env {name}", detail="set on the command line"
-                )
-            )
+            out.append(Change(f"env:{name}", "env", va, vb, f"env {name}",
+                              detail="set on the command line"))
 
 
 def _spelling(argv: Sequence[str]) -> list[str]:
@@ -605,15 +514,9 @@ def _diff_request(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored
         # A server that never became ready sends nothing: that is the outcome, not a change
         # of the request (the outcome group shows it).
         side = "A" if not sa else "B"
-        ign.append(
-            Ignored(
-                "requests",
-                "none" if not sa else "sent",
-                "none" if not sb else "sent",
-                f"no request was sent in {side} (the server was not ready); the "
-                "request cannot be compared",
-            )
-        )
+        ign.append(Ignored("requests", "none" if not sa else "sent", "none" if not sb else "sent",
+                           f"no request was sent in {side} (the server was not ready); the "
+                           "request cannot be compared"))
         return
     for key in sorted(set(sa) | set(sb), key=lambda k: (k.startswith("body."), k)):
         if key == "input_length":

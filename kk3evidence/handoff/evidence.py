@@ -196,9 +196,8 @@ def load(path: str | Path) -> Evidence:
         except (KeyError, FileNotFoundError):
             window, tail = (), ()
         metrics: dict[str, str] = {}
-        labels = (
-            bundle.metrics_labels() if hasattr(bundle, "metrics_labels") else ["before", "after"]
-        )
+        labels = bundle.metrics_labels() if hasattr(bundle, "metrics_labels") else [
+            "before", "after"]
         for label in labels:
             text = bundle.metrics(label)
             if text is not None:
@@ -274,10 +273,8 @@ def other_gpu_processes(ev: Evidence) -> list[str]:
             if isinstance(p, Mapping):
                 used = p.get("used_memory_bytes")
                 mem = f", {used / 2**30:.1f} GiB" if isinstance(used, int | float) else ""
-                out.append(
-                    f"GPU{p.get('gpu_index', '?')}: pid {p.get('pid')} "
-                    f"{p.get('name') or ''}{mem}".replace("  ", " ").rstrip()
-                )
+                out.append(f"GPU{p.get('gpu_index', '?')}: pid {p.get('pid')} "
+                           f"{p.get('name') or ''}{mem}".replace("  ", " ").rstrip())
             else:
                 out.append(str(p))
         return out
@@ -289,7 +286,6 @@ def other_gpu_processes(ev: Evidence) -> list[str]:
             if isinstance(p, Mapping) and p.get("pid") not in ours:
                 used = p.get("used_memory_bytes")
                 mem = f", {used / 2**30:.1f} GiB" if isinstance(used, int | float) else ""
-                out.append(
-                    f"GPU{d.get('index')}: pid {p.get('pid')} {p.get('name') or ''}{mem}".rstrip()
-                )
+                out.append(f"GPU{d.get('index')}: pid {p.get('pid')} {p.get('name') or ''}"
+                           f"{mem}".rstrip())
     return out

@@ -92,9 +92,8 @@ def timeline_svg(tl: Timeline) -> str:
     first: dict[str, float] = {}
     for st, _, start, _ in tl.spans:
         first[st] = min(start, first.get(st, start))
-    rows = sorted(
-        first, key=lambda st: (first[st], STAGES.index(st) if st in STAGES else len(STAGES))
-    )
+    rows = sorted(first, key=lambda st: (first[st],
+                                         STAGES.index(st) if st in STAGES else len(STAGES)))
     left, right, top, row_h = 150, 30, 30, 28
     width = 900
     height = top + row_h * len(rows) + 50
@@ -104,65 +103,48 @@ def timeline_svg(tl: Timeline) -> str:
     def x(t: float) -> float:
         return left + span * (t / t_max)
 
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" role="img" '
-        f'viewBox="0 0 {width} {height}" width="100%" '
-        f'aria-label="stage timeline">',
-        "<style>text{font:12px system-ui,sans-serif;fill:#1f2328}.ax{fill:#6e7781}</style>",
-    ]
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" role="img" '
+             f'viewBox="0 0 {width} {height}" width="100%" '
+             f'aria-label="stage timeline">',
+             '<style>text{font:12px system-ui,sans-serif;fill:#1f2328}'
+             '.ax{fill:#6e7781}</style>']
     # grid and axis
     for t in _ticks(t_max, integer=tl.unit == "line"):
         xx = x(t)
-        parts.append(
-            f'<line x1="{xx:.1f}" y1="{top - 8}" x2="{xx:.1f}" '
-            f'y2="{top + row_h * len(rows)}" stroke="#eaeef2"/>'
-        )
+        parts.append(f'<line x1="{xx:.1f}" y1="{top - 8}" x2="{xx:.1f}" '
+                     f'y2="{top + row_h * len(rows)}" stroke="#eaeef2"/>')
         label = f"{t:.0f}" if float(t).is_integer() else f"{t:.1f}"
-        parts.append(
-            f'<text class="ax" x="{xx:.1f}" y="{top + row_h * len(rows) + 16}" '
-            f'text-anchor="middle">{label}</text>'
-        )
+        parts.append(f'<text class="ax" x="{xx:.1f}" y="{top + row_h * len(rows) + 16}" '
+                     f'text-anchor="middle">{label}</text>')
     axis = html.escape(str(tl.labels.get("axis", "")))
-    parts.append(
-        f'<text class="ax" x="{left + span / 2:.1f}" '
-        f'y="{top + row_h * len(rows) + 34}" text-anchor="middle">{axis}</text>'
-    )
+    parts.append(f'<text class="ax" x="{left + span / 2:.1f}" '
+                 f'y="{top + row_h * len(rows) + 34}" text-anchor="middle">{axis}</text>')
     for i, stage in enumerate(rows):
         y = top + i * row_h
-        parts.append(
-            f'<text x="{left - 10}" y="{y + row_h / 2 + 4:.1f}" '
-            f'text-anchor="end">{html.escape(stage)}</text>'
-        )
+        parts.append(f'<text x="{left - 10}" y="{y + row_h / 2 + 4:.1f}" '
+                     f'text-anchor="end">{html.escape(stage)}</text>')
         for st, status, start, end in tl.spans:
             if st != stage:
                 continue
             x0, x1 = x(start), x(end)
             w = max(x1 - x0, 4.0)
             colour = _STATUS_COLOUR.get(status, "#8c959f")
-            parts.append(
-                f'<rect x="{x0:.1f}" y="{y + 5}" width="{w:.1f}" height="{row_h - 10}" '
-                f'rx="3" fill="{colour}"><title>{html.escape(stage)}: '
-                f"{html.escape(status)} ({start:.1f}–{end:.1f})</title></rect>"
-            )
-    for at, colour, key in (
-        (tl.ready_at, "#0969da", "ready"),
-        (tl.failure_at, "#cf222e", "failure"),
-    ):
+            parts.append(f'<rect x="{x0:.1f}" y="{y + 5}" width="{w:.1f}" height="{row_h - 10}" '
+                         f'rx="3" fill="{colour}"><title>{html.escape(stage)}: '
+                         f'{html.escape(status)} ({start:.1f}–{end:.1f})</title></rect>')
+    for at, colour, key in ((tl.ready_at, "#0969da", "ready"),
+                            (tl.failure_at, "#cf222e", "failure")):
         if at is None:
             continue
         xx = x(at)
-        parts.append(
-            f'<line x1="{xx:.1f}" y1="{top - 12}" x2="{xx:.1f}" '
-            f'y2="{top + row_h * len(rows)}" stroke="{colour}" stroke-width="2" '
-            f'stroke-dasharray="4 3"/>'
-        )
+        parts.append(f'<line x1="{xx:.1f}" y1="{top - 12}" x2="{xx:.1f}" '
+                     f'y2="{top + row_h * len(rows)}" stroke="{colour}" stroke-width="2" '
+                     f'stroke-dasharray="4 3"/>')
         anchor = "end" if xx > width - 120 else "start"
         dx = -4 if anchor == "end" else 4
-        parts.append(
-            f'<text x="{xx + dx:.1f}" y="{top - 14}" text-anchor="{anchor}" '
-            f'style="fill:{colour};font-weight:600">'
-            f"{html.escape(str(tl.labels.get(key, key)))}</text>"
-        )
+        parts.append(f'<text x="{xx + dx:.1f}" y="{top - 14}" text-anchor="{anchor}" '
+                     f'style="fill:{colour};font-weight:600">'
+                     f'{html.escape(str(tl.labels.get(key, key)))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -191,11 +173,8 @@ def _block(block: Block) -> str:
         for row in block.rows:
             cells = []
             for j, c in enumerate(row):
-                cells.append(
-                    f"<td>{_status_cell(c)}</td>"
-                    if j == block.status_col
-                    else f"<td>{_inline(c)}</td>"
-                )
+                cells.append(f"<td>{_status_cell(c)}</td>" if j == block.status_col
+                             else f"<td>{_inline(c)}</td>")
             body.append("<tr>" + "".join(cells) + "</tr>")
         return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
     if isinstance(block, Code):
@@ -204,10 +183,8 @@ def _block(block: Block) -> str:
         rows = []
         for ln in block.lines:
             cls = "ln mark" if ln.line_no == block.mark else "ln"
-            rows.append(
-                f'<span class="{cls}"><span class="no">{ln.line_no:>6}  </span>'
-                f"{html.escape(ln.text) or ' '}</span>"
-            )
+            rows.append(f'<span class="{cls}"><span class="no">{ln.line_no:>6}  </span>'
+                        f"{html.escape(ln.text) or ' '}</span>")
         return '<pre class="log"><code>' + "".join(rows) + "</code></pre>"
     if isinstance(block, Details):
         inner = "".join(_block(b) for b in block.blocks)

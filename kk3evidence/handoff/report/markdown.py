@@ -146,6 +146,8 @@ class ChecklistItem:
 # --- small helpers ---------------------------------------------------------------------------
 
 
+
+
 def _v(value: Any, lang: Lang) -> str:
     if value is None or value == "":
         return text(lang, "not_recorded")
@@ -180,48 +182,27 @@ def _summary(ev: Evidence, lang: Lang) -> list[Block]:
     out: list[Block] = []
     if ff is not None:
         proc = text(lang, "process", process=ff["process"]) if ff.get("process") else ""
-        out.append(
-            Para(
-                text(
-                    lang,
-                    "sum_failed",
-                    stage=ff.get("stage"),
-                    category=ff.get("category"),
-                    rule=ff.get("rule"),
-                    line_no=ff.get("line_no"),
-                    process=proc,
-                    last=last,
-                )
-            )
-        )
+        out.append(Para(text(lang, "sum_failed", stage=ff.get("stage"),
+                             category=ff.get("category"), rule=ff.get("rule"),
+                             line_no=ff.get("line_no"), process=proc, last=last)))
     else:
         req = _fixed(ev)
         if req is not None and ev.launch.get("ready_seconds") is not None:
-            out.append(
-                Para(
-                    text(
-                        lang,
-                        "sum_ok_ready",
-                        ready=_secs(ev.launch["ready_seconds"]),
-                        status=req.get("status"),
-                    )
-                )
-            )
+            out.append(Para(text(lang, "sum_ok_ready", ready=_secs(ev.launch["ready_seconds"]),
+                                 status=req.get("status"))))
         else:
             out.append(Para(text(lang, "sum_ok_noreq", last=last)))
     code = ev.launch.get("exit_code")
     extra = text(lang, "sum_exit", code=code) if code is not None else ""
-    out.append(
-        Para(f"{text(lang, 'sum_model', model=_model_name(ev), bundle=ev.label)} {extra}".strip())
-    )
+    out.append(Para(f"{text(lang, 'sum_model', model=_model_name(ev), bundle=ev.label)} {extra}"
+                    .strip()))
     return out
 
 
 def fingerprint_rows(ev: Evidence, lang: Lang) -> list[tuple[str, str, str]]:
     fp = ev.fingerprint
-    host = " / ".join(
-        str(x) for x in (dig(fp, "host.kernel"), dig(fp, "host.os"), dig(fp, "host.arch")) if x
-    )
+    host = " / ".join(str(x) for x in (dig(fp, "host.kernel"), dig(fp, "host.os"),
+                                       dig(fp, "host.arch")) if x)
     devices = dig(fp, "gpus.devices") or []
     if devices:
         names: dict[str, int] = {}
@@ -233,60 +214,36 @@ def fingerprint_rows(ev: Evidence, lang: Lang) -> list[tuple[str, str, str]]:
         gpus += "; " + text(lang, "fp_in_use", size=_gib(used))
     else:
         gpus = text(lang, "fp_no_gpu", source=dig(fp, "gpus.source") or "?")
-    libs = [
-        f"{lib.get('name')} {lib.get('version') or ''}".strip()
-        for lib in fp.get("libraries") or []
-        if isinstance(lib, Mapping)
-    ]
+    libs = [f"{lib.get('name')} {lib.get('version') or ''}".strip()
+            for lib in fp.get("libraries") or [] if isinstance(lib, Mapping)]
     env = fp.get("env") or {}
     env_text = ", ".join(f"{k}={v}" for k, v in sorted(env.items())) if env else ""
     c = "fingerprint.json"
     return [
         (text(lang, "fp_host"), _v(host, lang), f"{c} host"),
-        (
-            text(lang, "fp_cpu"),
-            text(
-                lang,
-                "fp_cpu_value",
-                n=dig(fp, "host.cpu_count") or "?",
-                mem=_gib(dig(fp, "host.mem_total_bytes")),
-            ),
-            f"{c} host",
-        ),
+        (text(lang, "fp_cpu"), text(lang, "fp_cpu_value", n=dig(fp, "host.cpu_count") or "?",
+                                    mem=_gib(dig(fp, "host.mem_total_bytes"))), f"{c} host"),
         (text(lang, "fp_gpus"), gpus, f"{c} gpus (NVML)"),
         (text(lang, "fp_driver"), _v(dig(fp, "gpus.driver_version"), lang), f"{c} gpus"),
-        (text(lang, "fp_cuda_driver"), _v(dig(fp, "gpus.cuda_driver_version"), lang), f"{c} gpus"),
-        (
-            text(lang, "fp_runtime"),
-            _v(dig(fp, "container.runtime"), lang),
-            _v(dig(fp, "container.runtime_source"), lang),
-        ),
-        (
-            text(lang, "fp_image_ref"),
-            _v(dig(fp, "container.image_ref"), lang),
-            _v(dig(fp, "container.image_ref_source"), lang),
-        ),
-        (
-            text(lang, "fp_image_id"),
-            _v(dig(fp, "container.image_id"), lang),
-            _v(dig(fp, "container.image_id_source"), lang),
-        ),
-        (
-            text(lang, "fp_python"),
-            f"{_v(dig(fp, 'python.python_version'), lang)} "
-            f"({_v(dig(fp, 'python.interpreter'), lang)})",
-            f"{c} python",
-        ),
+        (text(lang, "fp_cuda_driver"), _v(dig(fp, "gpus.cuda_driver_version"), lang),
+         f"{c} gpus"),
+        (text(lang, "fp_runtime"), _v(dig(fp, "container.runtime"), lang),
+         _v(dig(fp, "container.runtime_source"), lang)),
+        (text(lang, "fp_image_ref"), _v(dig(fp, "container.image_ref"), lang),
+         _v(dig(fp, "container.image_ref_source"), lang)),
+        (text(lang, "fp_image_id"), _v(dig(fp, "container.image_id"), lang),
+         _v(dig(fp, "container.image_id_source"), lang)),
+        (text(lang, "fp_python"), f"{_v(dig(fp, 'python.python_version'), lang)} "
+                                  f"({_v(dig(fp, 'python.interpreter'), lang)})",
+         f"{c} python"),
         (text(lang, "fp_vllm"), _v(dig(fp, "python.vllm_version"), lang), f"{c} python"),
         (text(lang, "fp_torch"), _v(dig(fp, "python.torch_version"), lang), f"{c} python"),
         (text(lang, "fp_torch_cuda"), _v(dig(fp, "python.torch_cuda"), lang), f"{c} python"),
         (text(lang, "fp_nccl"), _v(dig(fp, "python.nccl_version"), lang), f"{c} python"),
-        (text(lang, "fp_visible"), _v(dig(fp, "python.cuda_device_count"), lang), f"{c} python"),
-        (
-            text(lang, "fp_libs"),
-            ", ".join(libs) or text(lang, "not_recorded"),
-            f"{c} libraries (/proc/PID/maps)",
-        ),
+        (text(lang, "fp_visible"), _v(dig(fp, "python.cuda_device_count"), lang),
+         f"{c} python"),
+        (text(lang, "fp_libs"), ", ".join(libs) or text(lang, "not_recorded"),
+         f"{c} libraries (/proc/PID/maps)"),
         (text(lang, "fp_env"), env_text or text(lang, "none"), f"{c} env"),
         (text(lang, "fp_collected"), _v(fp.get("collected_at"), lang), c),
     ]
@@ -316,10 +273,8 @@ def minimal_command(ev: Evidence) -> tuple[str | None, tuple[RemovedFlag, ...]]:
     except (ImportError, Kk3Error):
         # minimize unavailable or the command names no model: drop the known feature flags
         flags = [f for f in cmd.flags if f in FEATURE_FLAGS]
-        removed = tuple(
-            RemovedFlag(f"--{f}", "feature", "adds a feature on top of a plain start")
-            for f in flags
-        )
+        removed = tuple(RemovedFlag(f"--{f}", "feature", "adds a feature on top of a plain "
+                                    "start") for f in flags)
         return vllm_args.render_shell(cmd.replace(drop=flags)), removed
     removed = tuple(RemovedFlag(f"--{r.name}", r.cls, r.why) for r in m.removed)
     return vllm_args.render_shell(m.minimal), removed
@@ -336,20 +291,15 @@ def _command(ev: Evidence, lang: Lang) -> list[Block]:
         return [Para(text(lang, "cmd_none"))]
     import shlex
 
-    out: list[Block] = [
-        Para(text(lang, "cmd_as_run")),
-        Code(" ".join(shlex.quote(a) for a in ev.argv), "bash"),
-    ]
+    out: list[Block] = [Para(text(lang, "cmd_as_run")),
+                        Code(" ".join(shlex.quote(a) for a in ev.argv), "bash")]
     minimal, removed = minimal_command(ev)
     if minimal is None:
         return out
     if removed:
-        out += [
-            Para(text(lang, "cmd_minimal")),
-            Code(minimal, "bash"),
-            Para(text(lang, "cmd_removed")),
-            Bullets(tuple(f"`{r.flag}` ({r.cls}): {r.why}" for r in removed)),
-        ]
+        out += [Para(text(lang, "cmd_minimal")), Code(minimal, "bash"),
+                Para(text(lang, "cmd_removed")),
+                Bullets(tuple(f"`{r.flag}` ({r.cls}): {r.why}" for r in removed))]
     else:
         out.append(Para(text(lang, "cmd_is_minimal")))
     return out
@@ -382,79 +332,39 @@ def _request(ev: Evidence, lang: Lang) -> list[Block]:
         return [Para(text(lang, "req_none"))]
     url = str(req.get("url") or "")
     latency = req.get("latency_s")
-    out: list[Block] = [
-        Para(
-            text(
-                lang,
-                "req_line",
-                method=req.get("method") or "POST",
-                path=urlsplit(url).path or url,
-                status=req.get("status") if req.get("status") is not None else "-",
-                latency=_secs(latency),
-            )
-        )
-    ]
-    out += [
-        Para(text(lang, "req_body")),
-        Code(json.dumps(req.get("request_body"), ensure_ascii=False, indent=2), "json"),
-    ]
+    out: list[Block] = [Para(text(
+        lang, "req_line", method=req.get("method") or "POST", path=urlsplit(url).path or url,
+        status=req.get("status") if req.get("status") is not None else "-",
+        latency=_secs(latency)))]
+    out += [Para(text(lang, "req_body")),
+            Code(json.dumps(req.get("request_body"), ensure_ascii=False, indent=2), "json")]
     if req.get("error"):
         out.append(Para(text(lang, "req_error", error=req["error"])))
     if req.get("response_body") is not None:
-        out += [
-            Para(text(lang, "req_response")),
-            Code(_response_excerpt(req.get("response_body")), "json"),
-        ]
+        out += [Para(text(lang, "req_response")),
+                Code(_response_excerpt(req.get("response_body")), "json")]
     cached = req.get("cached_tokens")
     usage = req.get("usage")
-    out.append(
-        Para(
-            text(
-                lang,
-                "req_usage",
-                usage=json.dumps(usage, ensure_ascii=False) if usage else "-",
-                cached=cached if cached is not None else text(lang, "req_cached_unknown"),
-            )
-        )
-    )
+    out.append(Para(text(lang, "req_usage",
+                         usage=json.dumps(usage, ensure_ascii=False) if usage else "-",
+                         cached=cached if cached is not None else
+                         text(lang, "req_cached_unknown"))))
     others = [r for r in ev.requests if r is not req]
     if others:
-        out.append(
-            Para(
-                text(
-                    lang,
-                    "req_more",
-                    n=len(others),
-                    names=", ".join(
-                        f"{r.get('name')} ({r.get('kind')}, HTTP {r.get('status')})" for r in others
-                    ),
-                )
-            )
-        )
+        out.append(Para(text(lang, "req_more", n=len(others), names=", ".join(
+            f"{r.get('name')} ({r.get('kind')}, HTTP {r.get('status')})" for r in others))))
     return out
 
 
 def _failure(ev: Evidence, lang: Lang) -> list[Block]:
     ff = ev.first_failure
     if ff is None:
-        out: list[Block] = [
-            Para(text(lang, "fail_none", last=ev.last_stage_reached or text(lang, "unknown")))
-        ]
+        out: list[Block] = [Para(text(lang, "fail_none",
+                                      last=ev.last_stage_reached or text(lang, "unknown")))]
         return out
     proc = text(lang, "process", process=ff["process"]) if ff.get("process") else ""
-    out = [
-        Para(
-            text(
-                lang,
-                "fail_fields",
-                stage=ff.get("stage"),
-                category=ff.get("category"),
-                rule=ff.get("rule"),
-                line_no=ff.get("line_no"),
-                process=proc,
-            )
-        )
-    ]
+    out = [Para(text(lang, "fail_fields", stage=ff.get("stage"), category=ff.get("category"),
+                     rule=ff.get("rule"), line_no=ff.get("line_no"), process=proc))]
     if ev.log_window:
         out += [Para(text(lang, "fail_lines")), Lines(ev.log_window, int(ff["line_no"]))]
     else:
@@ -462,15 +372,9 @@ def _failure(ev: Evidence, lang: Lang) -> list[Block]:
     cons = (ev.analysis or {}).get("consequences") or []
     if cons:
         out.append(Para(text(lang, "fail_conseq", n=len(cons))))
-        out.append(
-            Bullets(
-                tuple(
-                    text(lang, "line_no", n=c.get("line_no"))
-                    + f": `{_truncate(str(c.get('text')), 160)}`"
-                    for c in cons[:3]
-                )
-            )
-        )
+        out.append(Bullets(tuple(text(lang, "line_no", n=c.get("line_no"))
+                                 + f": `{_truncate(str(c.get('text')), 160)}`"
+                                 for c in cons[:3])))
         out.append(Para(text(lang, "fail_note")))
     return out
 
@@ -513,11 +417,8 @@ def timeline(ev: Evidence, lang: Lang) -> Timeline | None:
     failure_at = at(int(ff["line_no"])) if ff and ff.get("line_no") else None
     ready = ev.launch.get("ready_seconds")
     ready_at = float(ready) if unit == "s" and isinstance(ready, int | float) else None
-    labels = {
-        "ready": text(lang, "tl_ready"),
-        "failure": text(lang, "tl_first_failure"),
-        "axis": text(lang, "tl_axis_s" if unit == "s" else "tl_axis_l"),
-    }
+    labels = {"ready": text(lang, "tl_ready"), "failure": text(lang, "tl_first_failure"),
+              "axis": text(lang, "tl_axis_s" if unit == "s" else "tl_axis_l")}
     return Timeline(tuple(spans), unit, failure_at, ready_at, labels)
 
 
@@ -527,24 +428,12 @@ def _timeline(ev: Evidence, lang: Lang) -> list[Block]:
         return [Para(text(lang, "tl_none"))]
     rows = []
     for stage, status, start, end in tl.spans:
-        s: Mapping[str, Any] = next(
-            (x for x in (ev.analysis or {}).get("stages") or [] if x.get("stage") == stage), {}
-        )
+        s: Mapping[str, Any] = next((x for x in (ev.analysis or {}).get("stages") or []
+                                     if x.get("stage") == stage), {})
         when = f"{start:.1f}–{end:.1f} s" if tl.unit == "s" else "-"
         rows.append((stage, status, f"{s.get('first_line')}–{s.get('last_line')}", when))
-    return [
-        tl,
-        Table(
-            (
-                text(lang, "tl_stage"),
-                text(lang, "tl_status"),
-                text(lang, "tl_lines"),
-                text(lang, "tl_time"),
-            ),
-            tuple(rows),
-            status_col=1,
-        ),
-    ]
+    return [tl, Table((text(lang, "tl_stage"), text(lang, "tl_status"), text(lang, "tl_lines"),
+                       text(lang, "tl_time")), tuple(rows), status_col=1)]
 
 
 def _verdict_text(d: DiffResult, lang: Lang) -> str:
@@ -559,25 +448,18 @@ def _verdict_text(d: DiffResult, lang: Lang) -> str:
 def _baseline(d: DiffResult | None, lang: Lang) -> list[Block]:
     if d is None:
         return [Para(text(lang, "base_none"))]
-    out: list[Block] = [
-        Para(text(lang, "base_against", baseline=Path(d.a).name, summary=_verdict_text(d, lang)))
-    ]
+    out: list[Block] = [Para(text(lang, "base_against", baseline=Path(d.a).name,
+                                  summary=_verdict_text(d, lang)))]
     if d.variables:
-        out += [
-            Para(text(lang, "base_changes")),
-            Bullets(tuple(f"`{c.describe()}`" for c in d.variables)),
-        ]
+        out += [Para(text(lang, "base_changes")),
+                Bullets(tuple(f"`{c.describe()}`" for c in d.variables))]
     follow = [c for c in d.changes if c.group != "outcome" and not c.counted]
     if follow:
-        out += [
-            Para(text(lang, "base_follow")),
-            Bullets(tuple(f"`{c.describe()}`" for c in follow)),
-        ]
+        out += [Para(text(lang, "base_follow")),
+                Bullets(tuple(f"`{c.describe()}`" for c in follow))]
     if d.outcome:
-        out += [
-            Para(text(lang, "base_outcome")),
-            Bullets(tuple(f"`{c.describe()}`" for c in d.outcome)),
-        ]
+        out += [Para(text(lang, "base_outcome")),
+                Bullets(tuple(f"`{c.describe()}`" for c in d.outcome))]
     else:
         out.append(Para(text(lang, "base_same_outcome")))
     if d.verdict == "several":
@@ -589,40 +471,18 @@ _STATUS_KEY = {"pass": "pass", "fail": "fail", "unknown": "unknown_status"}
 
 
 def _compat(result: CheckResult, lang: Lang) -> list[Block]:
-    head = (
-        text(
-            lang,
-            "compat_recipe",
-            recipe=result.recipe,
-            auto=text(lang, "compat_auto") if result.recipe_auto else "",
-        )
-        if result.recipe
-        else text(lang, "compat_generic")
-    )
+    head = (text(lang, "compat_recipe", recipe=result.recipe,
+                 auto=text(lang, "compat_auto") if result.recipe_auto else "")
+            if result.recipe else text(lang, "compat_generic"))
     rows = []
     for r in result.results:
         level = text(lang, "warning") if r.rule.level == "warning" else ""
-        rows.append(
-            (
-                f"{r.rule.id} {r.rule.name}{level}",
-                text(lang, _STATUS_KEY[r.status]),
-                r.reason,
-                f"{r.rule.source} ({r.rule.source_date})",
-            )
-        )
-    return [
-        Para(head),
-        Table(
-            (
-                text(lang, "compat_rule"),
-                text(lang, "compat_result"),
-                text(lang, "compat_why"),
-                text(lang, "compat_source"),
-            ),
-            tuple(rows),
-            status_col=1,
-        ),
-    ]
+        rows.append((f"{r.rule.id} {r.rule.name}{level}",
+                     text(lang, _STATUS_KEY[r.status]), r.reason,
+                     f"{r.rule.source} ({r.rule.source_date})"))
+    return [Para(head), Table((text(lang, "compat_rule"), text(lang, "compat_result"),
+                               text(lang, "compat_why"), text(lang, "compat_source")),
+                              tuple(rows), status_col=1)]
 
 
 # --- checklist -----------------------------------------------------------------------------
@@ -630,8 +490,7 @@ def _compat(result: CheckResult, lang: Lang) -> list[Block]:
 
 def _prefix_metrics(ev: Evidence) -> tuple[float, float] | None:
     text_ = ev.metrics.get("after") or next(
-        (v for k, v in ev.metrics.items() if k.startswith("after")), None
-    )
+        (v for k, v in ev.metrics.items() if k.startswith("after")), None)
     if not text_:
         return None
     found: dict[str, float] = {}
@@ -647,12 +506,9 @@ def _prefix_metrics(ev: Evidence) -> tuple[float, float] | None:
     return None
 
 
-def evaluate_checklist(
-    ev: Evidence,
-    baseline_diff: DiffResult | None = None,
-    baseline: Evidence | None = None,
-    lang: Lang = "en",
-) -> tuple[ChecklistItem, ...]:
+def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
+                       baseline: Evidence | None = None,
+                       lang: Lang = "en") -> tuple[ChecklistItem, ...]:
     """The guide's 11-item hand-off checklist, each judged from the evidence."""
     fp = ev.fingerprint
     results: dict[str, tuple[Status, str]] = {}
@@ -663,17 +519,13 @@ def evaluate_checklist(
     source = dig(fp, "gpus.source") or "?"
     cuda_s = ".".join(str(x) for x in cuda) if cuda else None
     if driver and cuda_s:
-        results["driver_cuda_same_time"] = (
-            "pass",
-            text(lang, "ck1_pass", driver=driver, cuda=cuda_s, at=fp.get("collected_at") or "?"),
-        )
+        results["driver_cuda_same_time"] = ("pass", text(
+            lang, "ck1_pass", driver=driver, cuda=cuda_s, at=fp.get("collected_at") or "?"))
     elif driver:
         results["driver_cuda_same_time"] = ("fail", text(lang, "ck1_fail_cuda", driver=driver))
     elif cuda_s and source == "nvml":
-        results["driver_cuda_same_time"] = (
-            "fail",
-            text(lang, "ck1_fail_driver", cuda=cuda_s, source=source),
-        )
+        results["driver_cuda_same_time"] = ("fail", text(lang, "ck1_fail_driver", cuda=cuda_s,
+                                                         source=source))
     else:
         results["driver_cuda_same_time"] = ("unknown", text(lang, "ck1_unknown", source=source))
 
@@ -682,15 +534,8 @@ def evaluate_checklist(
     runtime = dig(fp, "container.runtime")
     ref = dig(fp, "container.image_ref")
     if image_id:
-        results["image_id"] = (
-            "pass",
-            text(
-                lang,
-                "ck2_pass",
-                image_id=_truncate(image_id, 24),
-                how=dig(fp, "container.image_id_source") or "?",
-            ),
-        )
+        results["image_id"] = ("pass", text(lang, "ck2_pass", image_id=_truncate(image_id, 24),
+                                            how=dig(fp, "container.image_id_source") or "?"))
     elif ref:
         results["image_id"] = ("fail", text(lang, "ck2_fail", ref=ref))
     elif runtime:
@@ -704,41 +549,25 @@ def evaluate_checklist(
         results["minimal_command"] = ("unknown", text(lang, "ck3_unknown"))
     else:
         feats = feature_flags(ev)
-        results["minimal_command"] = (
-            ("fail", text(lang, "ck3_fail", flags=", ".join(feats)))
-            if feats
-            else ("pass", text(lang, "ck3_pass", n=len(cmd.flags)))
-        )
+        results["minimal_command"] = (("fail", text(lang, "ck3_fail", flags=", ".join(feats)))
+                                      if feats else
+                                      ("pass", text(lang, "ck3_pass", n=len(cmd.flags))))
 
     # 4. first error stack and the log before it
-    members = {
-        str(m.get("name")) for m in ev.manifest.get("members") or [] if isinstance(m, Mapping)
-    }
+    members = {str(m.get("name")) for m in ev.manifest.get("members") or []
+               if isinstance(m, Mapping)}
     losses = ev.manifest.get("losses") or []
     lines_total = (ev.analysis or {}).get("lines_total", "?")
     ff = ev.first_failure
     if losses:
-        results["first_error_kept"] = (
-            "fail",
-            text(
-                lang,
-                "ck4_fail_loss",
-                loss=_truncate(json.dumps(losses[0], ensure_ascii=False), 120),
-            ),
-        )
+        results["first_error_kept"] = ("fail", text(lang, "ck4_fail_loss", loss=_truncate(
+            json.dumps(losses[0], ensure_ascii=False), 120)))
     elif ev.manifest and "logs/combined.log" not in members:
         results["first_error_kept"] = ("fail", text(lang, "ck4_fail_missing"))
     elif ff is not None:
-        results["first_error_kept"] = (
-            "pass",
-            text(
-                lang,
-                "ck4_pass",
-                lines=lines_total,
-                line_no=ff.get("line_no"),
-                before=max(0, int(ff.get("line_no") or 1) - 1),
-            ),
-        )
+        results["first_error_kept"] = ("pass", text(
+            lang, "ck4_pass", lines=lines_total, line_no=ff.get("line_no"),
+            before=max(0, int(ff.get("line_no") or 1) - 1)))
     else:
         results["first_error_kept"] = ("pass", text(lang, "ck4_pass_ok", lines=lines_total))
 
@@ -752,16 +581,9 @@ def evaluate_checklist(
         if sig.get("max_tokens") is None:
             results["fixed_request"] = ("fail", text(lang, "ck5_fail"))
         else:
-            results["fixed_request"] = (
-                "pass",
-                text(
-                    lang,
-                    "ck5_pass",
-                    cap=sig.get("max_tokens"),
-                    temp=sig.get("temperature"),
-                    chars=sig.get("input_length"),
-                ),
-            )
+            results["fixed_request"] = ("pass", text(
+                lang, "ck5_pass", cap=sig.get("max_tokens"), temp=sig.get("temperature"),
+                chars=sig.get("input_length")))
         conc = [r for r in ev.requests if r.get("kind") == "concurrency"]
         if req.get("kind") == "concurrency":
             results["single_vs_load"] = ("fail", text(lang, "ck6_fail"))
@@ -774,51 +596,37 @@ def evaluate_checklist(
     changes = [c for c in ev.notes.get("changes") or [] if isinstance(c, Mapping)]
     if baseline_diff is not None:
         summary = _verdict_text(baseline_diff, lang)
-        results["one_variable"] = (
-            ("fail", text(lang, "ck7_fail", summary=summary))
-            if baseline_diff.verdict == "several"
-            else ("pass", text(lang, "ck7_pass", summary=summary))
-        )
+        results["one_variable"] = (("fail", text(lang, "ck7_fail", summary=summary))
+                                   if baseline_diff.verdict == "several" else
+                                   ("pass", text(lang, "ck7_pass", summary=summary)))
     elif changes:
-        shown = "; ".join(
-            f"{c.get('variable')}: {c.get('from')} -> {c.get('to')}" for c in changes[:4]
-        )
-        results["one_variable"] = (
-            ("pass", text(lang, "ck7_notes_pass", change=shown))
-            if len(changes) == 1
-            else ("fail", text(lang, "ck7_notes_fail", n=len(changes), changes=shown))
-        )
+        shown = "; ".join(f"{c.get('variable')}: {c.get('from')} -> {c.get('to')}"
+                          for c in changes[:4])
+        results["one_variable"] = (("pass", text(lang, "ck7_notes_pass", change=shown))
+                                   if len(changes) == 1 else
+                                   ("fail", text(lang, "ck7_notes_fail", n=len(changes),
+                                                 changes=shown)))
     else:
         results["one_variable"] = ("unknown", text(lang, "ck7_unknown"))
 
     # 8. back to the last stable baseline when the error changed
     notes_text = [str(n) for n in ev.notes.get("notes") or []] + [
-        f"{c.get('variable')} {c.get('to')}" for c in changes
-    ]
-    revert = next(
-        (
-            n
-            for n in notes_text
-            if re.search(r"revert|rollback|roll back|back to baseline|되돌|복귀", n, re.I)
-        ),
-        None,
-    )
+        f"{c.get('variable')} {c.get('to')}" for c in changes]
+    revert = next((n for n in notes_text
+                   if re.search(r"revert|rollback|roll back|back to baseline|되돌|복귀", n, re.I)),
+                  None)
     if baseline is not None and baseline_diff is not None:
         bff = baseline.first_failure
         if bff is None and baseline_diff.verdict in ("none", "one"):
             results["reverted_baseline"] = ("pass", text(lang, "ck8_pass_baseline"))
         elif bff is not None:
-            results["reverted_baseline"] = (
-                "fail",
-                text(lang, "ck8_fail", stage=bff.get("stage"), category=bff.get("category")),
-            )
+            results["reverted_baseline"] = ("fail", text(lang, "ck8_fail", stage=bff.get("stage"),
+                                                         category=bff.get("category")))
         else:
             results["reverted_baseline"] = ("unknown", text(lang, "ck8_unknown"))
     elif revert:
-        results["reverted_baseline"] = (
-            "pass",
-            text(lang, "ck8_pass_notes", note=_truncate(revert, 100)),
-        )
+        results["reverted_baseline"] = ("pass", text(lang, "ck8_pass_notes",
+                                                     note=_truncate(revert, 100)))
     else:
         results["reverted_baseline"] = ("unknown", text(lang, "ck8_unknown"))
 
@@ -830,15 +638,11 @@ def evaluate_checklist(
         if baseline_diff is not None and others == ["--enable-prefix-caching"]:
             results["prefix_caching"] = ("pass", text(lang, "ck9_pass_diff"))
         elif baseline_diff is not None and "--enable-prefix-caching" in others:
-            results["prefix_caching"] = (
-                "fail",
-                text(lang, "ck9_fail_mixed", names=", ".join(others)),
-            )
+            results["prefix_caching"] = ("fail", text(lang, "ck9_fail_mixed",
+                                                      names=", ".join(others)))
         elif pm is not None:
-            results["prefix_caching"] = (
-                "pass",
-                text(lang, "ck9_pass_metrics", queries=int(pm[0]), hits=int(pm[1])),
-            )
+            results["prefix_caching"] = ("pass", text(lang, "ck9_pass_metrics",
+                                                      queries=int(pm[0]), hits=int(pm[1])))
         else:
             results["prefix_caching"] = ("fail", text(lang, "ck9_fail_nobase"))
     else:
@@ -854,15 +658,11 @@ def evaluate_checklist(
     auto_text = cluster_text.startswith("GPU state unknown")  # capture's own "no NVML" note
     devices = dig(fp, "gpus.devices") or []
     if source == "nvml" and devices:
-        results["cluster_state"] = (
-            "pass",
-            text(lang, "ck11_pass_nvml", n=len(devices), others=len(other_gpu_processes(ev))),
-        )
+        results["cluster_state"] = ("pass", text(lang, "ck11_pass_nvml", n=len(devices),
+                                                 others=len(other_gpu_processes(ev))))
     elif cluster_text and not auto_text:
-        results["cluster_state"] = (
-            "pass",
-            text(lang, "ck11_pass_notes", text=_truncate(cluster_text, 100)),
-        )
+        results["cluster_state"] = ("pass", text(lang, "ck11_pass_notes",
+                                                 text=_truncate(cluster_text, 100)))
     elif source == "error":
         err = dig(fp, "gpus.error") or cluster_text or "NVML error"
         results["cluster_state"] = ("fail", text(lang, "ck11_fail", error=err))
@@ -878,54 +678,29 @@ def evaluate_checklist(
 
 def _checklist(items: Sequence[ChecklistItem], lang: Lang) -> list[Block]:
     mark = {"pass": "[x]", "fail": "[ ]", "unknown": "[?]"}
-    rows = tuple(
-        (f"{mark[i.status]} {i.title}", text(lang, _STATUS_KEY[i.status]), i.why) for i in items
-    )
+    rows = tuple((f"{mark[i.status]} {i.title}", text(lang, _STATUS_KEY[i.status]), i.why)
+                 for i in items)
     c = {s: sum(1 for i in items if i.status == s) for s in ("pass", "fail", "unknown")}
-    return [
-        Table(
-            (text(lang, "ck_item"), text(lang, "ck_result"), text(lang, "ck_why")),
-            rows,
-            status_col=1,
-        ),
-        Para(
-            text(lang, "ck_counts", p=c["pass"], f=c["fail"], u=c["unknown"])
-            + " "
-            + text(lang, "ck_gate")
-        ),
-    ]
+    return [Table((text(lang, "ck_item"), text(lang, "ck_result"), text(lang, "ck_why")), rows,
+                  status_col=1),
+            Para(text(lang, "ck_counts", p=c["pass"], f=c["fail"], u=c["unknown"]) + " "
+                 + text(lang, "ck_gate"))]
 
 
 def _limits(ev: Evidence, lang: Lang) -> list[Block]:
-    names = sorted(
-        {
-            str(d.get("name"))
-            for d in dig(ev.fingerprint, "gpus.devices") or []
-            if isinstance(d, Mapping)
-        }
-    )
+    names = sorted({str(d.get("name")) for d in dig(ev.fingerprint, "gpus.devices") or []
+                    if isinstance(d, Mapping)})
     gpus = ", ".join(names) if names else f"CPU {dig(ev.fingerprint, 'host.arch') or ''}".strip()
-    items = [
-        text(lang, "lim_1"),
-        text(lang, "lim_2", gpus=gpus),
-        text(lang, "lim_3"),
-        text(lang, "lim_4"),
-        text(lang, "lim_5", n=len(ev.manifest.get("redactions") or [])),
-    ]
+    items = [text(lang, "lim_1"), text(lang, "lim_2", gpus=gpus), text(lang, "lim_3"),
+             text(lang, "lim_4"),
+             text(lang, "lim_5", n=len(ev.manifest.get("redactions") or []))]
     req = _fixed(ev)
     if req is not None and req.get("cached_tokens") is None:
         items.append(text(lang, "lim_cached"))
     nc = ev.manifest.get("not_collected") or []
     if nc:
-        items.append(
-            text(
-                lang,
-                "lim_nc",
-                items="; ".join(
-                    f"{x.get('what')} ({x.get('reason')})" for x in nc if isinstance(x, Mapping)
-                ),
-            )
-        )
+        items.append(text(lang, "lim_nc", items="; ".join(
+            f"{x.get('what')} ({x.get('reason')})" for x in nc if isinstance(x, Mapping))))
     return [Para(text(lang, "lim_intro")), Bullets(tuple(items))]
 
 
@@ -935,28 +710,18 @@ def _about(ev: Evidence, lang: Lang) -> list[Block]:
     rows = (
         (text(lang, "b_id"), _v(m.get("bundle_id"), lang)),
         (text(lang, "b_created"), _v(m.get("created"), lang)),
-        (
-            text(lang, "b_tool"),
-            f"{(tool or {}).get('name', '?')} {(tool or {}).get('version', '')}".strip(),
-        ),
+        (text(lang, "b_tool"), f"{(tool or {}).get('name', '?')} {(tool or {}).get('version', '')}"
+         .strip()),
     )
-    return [
-        Table((text(lang, "fp_item"), text(lang, "fp_value")), rows),
-        Para(text(lang, "b_verify", name=ev.label)),
-    ]
+    return [Table((text(lang, "fp_item"), text(lang, "fp_value")), rows),
+            Para(text(lang, "b_verify", name=ev.label))]
 
 
 # --- document assembly ---------------------------------------------------------------------
 
 
-def build_report(
-    ev: Evidence,
-    baseline: Evidence | None = None,
-    *,
-    lang: Lang = "en",
-    recipe: str | None = None,
-    fmt: Format = "markdown",
-) -> Doc:
+def build_report(ev: Evidence, baseline: Evidence | None = None, *, lang: Lang = "en",
+                 recipe: str | None = None, fmt: Format = "markdown") -> Doc:
     """Assemble the hand-off document for ``ev`` (optionally against ``baseline``)."""
     if lang not in LANGS:
         raise UsageError(f"unknown language {lang!r}; use one of {', '.join(LANGS)}")
@@ -965,16 +730,14 @@ def build_report(
     items = evaluate_checklist(ev, d, baseline, lang)
     title = f"{text(lang, 'title')} — {_model_name(ev)}"
     fp_rows = fingerprint_rows(ev, lang)
-    fp_table = Table(
-        (text(lang, "fp_item"), text(lang, "fp_value"), text(lang, "fp_where")), tuple(fp_rows)
-    )
+    fp_table = Table((text(lang, "fp_item"), text(lang, "fp_value"), text(lang, "fp_where")),
+                     tuple(fp_rows))
     blocks: list[Block] = []
     if fmt == "github":
-        blocks += [
-            Heading(text(lang, "gh_env"), 3),
-            Details(text(lang, "gh_env_summary"), (Code(_collect_env(ev, fp_rows), "text"),)),
-            Heading(text(lang, "gh_bug"), 3),
-        ]
+        blocks += [Heading(text(lang, "gh_env"), 3),
+                   Details(text(lang, "gh_env_summary"), (Code(_collect_env(ev, fp_rows),
+                                                               "text"),)),
+                   Heading(text(lang, "gh_bug"), 3)]
         blocks += _summary(ev, lang)
         blocks += _command(ev, lang)
         blocks += [Para(text(lang, "gh_expected"))]
@@ -984,10 +747,8 @@ def build_report(
         blocks += [Details(text(lang, "h_compat"), tuple(_compat(compat, lang)))]
         blocks += [Details(text(lang, "h_checklist"), tuple(_checklist(items, lang)))]
         blocks += [Heading(text(lang, "h_limits"), 4), *_limits(ev, lang)]
-        blocks += [
-            Heading(text(lang, "gh_before"), 3),
-            Bullets((f"[x] {text(lang, 'gh_searched')}",)),
-        ]
+        blocks += [Heading(text(lang, "gh_before"), 3),
+                   Bullets((f"[x] {text(lang, 'gh_searched')}",))]
     else:
         blocks += [Heading(text(lang, "h_summary")), *_summary(ev, lang)]
         blocks += [Heading(text(lang, "h_fingerprint")), fp_table]
@@ -1045,10 +806,8 @@ def _render_md(doc: Doc, *, top_heading: bool = True) -> str:
             f = _fence(block.text)
             out.extend([f + block.lang, block.text, f, ""])
         elif isinstance(block, Lines):
-            body = "\n".join(
-                (">> " if ln.line_no == block.mark else "   ") + f"{ln.line_no:>6}  {ln.text}"
-                for ln in block.lines
-            )
+            body = "\n".join((">> " if ln.line_no == block.mark else "   ")
+                             + f"{ln.line_no:>6}  {ln.text}" for ln in block.lines)
             f = _fence(body)
             out.extend([f + "text", body, f, ""])
         elif isinstance(block, Details):
@@ -1072,14 +831,9 @@ def render_doc(doc: Doc, fmt: Format) -> str:
     return _render_md(doc, top_heading=fmt != "github")
 
 
-def render_report(
-    bundle: Evidence | str | Path,
-    *,
-    baseline: Evidence | str | Path | None = None,
-    fmt: Format = "markdown",
-    lang: Lang = "en",
-    recipe: str | None = None,
-) -> str:
+def render_report(bundle: Evidence | str | Path, *, baseline: Evidence | str | Path | None = None,
+                  fmt: Format = "markdown", lang: Lang = "en",
+                  recipe: str | None = None) -> str:
     """The hand-off document for ``bundle`` as text (Markdown, GitHub issue body or HTML).
 
     ``baseline`` (a bundle) adds the single-variable result; ``recipe`` forces a compatibility
