@@ -44,6 +44,7 @@ from kk3evidence.capture import fingerprint as fpmod
 from kk3evidence.capture import http as probe
 from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
+from kk3evidence.capture.staging import default_output, staging_for  # noqa: F401 (re-exported)
 from kk3evidence.capture.staging import reserve as reserve_staging
 from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
 from kk3evidence.model import STAGES
