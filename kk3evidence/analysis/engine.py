@@ -528,6 +528,10 @@ def _is_tar(path: Path) -> bool:
     if not _is_regular(path):
         return False  # a FIFO or device: probing would consume what it delivers
     try:
+        with open(path, "rb") as probe:
+            head = probe.read(512)
+        if not head.strip(b"\0"):
+            return False  # zero bytes first (a log after a crash), not a tar header
         return tarfile.is_tarfile(path)
     except (OSError, EOFError, tarfile.TarError, zlib.error):
         return False
@@ -613,10 +617,22 @@ def _blocks_for(source: object) -> tuple[str, Iterator[bytes]]:
         if s == "-":
             return "-", _read_blocks(sys.stdin.buffer)
         path = Path(s)
-        if not path.exists():
-            raise InputError(f"{s}: no such file; give a bundle (.tar/.tar.gz) or a log file")
-        if path.is_dir():
-            raise InputError(f"{s}: is a directory; give a bundle file or a log file")
+        shown = s if len(s) <= 200 else s[:199] + "…"
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            raise InputError(
+                f"{shown}: no such file; give a bundle (.tar/.tar.gz) or a log file"
+            ) from None
+        except OSError as err:  # a path too long, a loop of links, no permission
+            raise InputError(f"{shown}: cannot read ({err.strerror})") from None
+        if stat.S_ISDIR(mode):
+            raise InputError(f"{shown}: is a directory; give a bundle file or a log file")
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+            # /dev/zero never ends and holds no log: refuse rather than read forever.
+            raise InputError(
+                f"{shown}: is a device, not a log; give a file, or '-' to read a stream"
+            )
         if _is_tar(path):
             return s, _bundle_log_stream(path)
         return s, _file_blocks(path)

@@ -110,15 +110,29 @@ class CompiledPattern:
     expr: pp.ParserElement
     anchored: bool
     first_literal: str | None  # a literal the match must start with (fast search), if any
+    # The later literal pieces, in order: a start after which they do not all occur cannot
+    # match, nor can any later start (one C-speed search instead of a SkipTo scan per try).
+    later_literals: tuple[re.Pattern[str], ...] = ()
+
+    def _possible(self, body: str, start: int) -> bool:
+        pos = start
+        for rx in self.later_literals:
+            m = rx.search(body, pos)
+            if m is None:
+                return False
+            pos = m.end()
+        return True
 
     def search(self, body: str) -> dict[str, str] | None:
+        if not self._possible(body, 0):
+            return None
         try:
             if self.anchored:
                 return _captures(self.expr.parse_string(body.lstrip(), parse_all=False))
             if self.first_literal is not None:
                 start = body.find(self.first_literal)
                 tries = 0
-                while start >= 0 and tries < _MAX_TRIES:
+                while start >= 0 and tries < _MAX_TRIES and self._possible(body, start):
                     try:
                         return _captures(self.expr.parse_string(body[start:], parse_all=False))
                     except pp.ParseBaseException:
@@ -150,11 +164,14 @@ def _flatten(v: Any) -> list[Any]:
     return [v]
 
 
+def _literal_regex(text: str) -> str:
+    parts = re.split(r"(\s+)", text)
+    return "".join(r"\s+" if p.isspace() else re.escape(p) for p in parts if p)
+
+
 def _literal(text: str) -> tuple[pp.ParserElement, str]:
     """A literal segment: whitespace runs in the pattern match any run of whitespace."""
-    parts = re.split(r"(\s+)", text)
-    rx = "".join(r"\s+" if p.isspace() else re.escape(p) for p in parts if p)
-    el = pp.Regex(rx).set_name(repr(text))
+    el = pp.Regex(_literal_regex(text)).set_name(repr(text))
     el.leave_whitespace()
     stripped = text.strip()
     head = stripped.split()[0] if stripped else ""
@@ -220,6 +237,11 @@ def compile_pattern(pattern: str) -> CompiledPattern:
     # Build elements right-to-left so {*} can SkipTo the next piece.
     elements: list[pp.ParserElement] = []
     first_literal: str | None = None
+    later_literals = tuple(
+        re.compile(_literal_regex(t[1]))
+        for i, t in enumerate(tokens)
+        if i > 0 and t[0] == "lit" and t[1].strip()
+    )
     nxt: pp.ParserElement | None = None
     for i in range(len(tokens) - 1, -1, -1):
         kind, val, cap = tokens[i]
@@ -240,7 +262,13 @@ def compile_pattern(pattern: str) -> CompiledPattern:
     expr = pp.And(elements)
     expr.leave_whitespace()
     expr.streamline()
-    return CompiledPattern(source=src, expr=expr, anchored=anchored, first_literal=first_literal)
+    return CompiledPattern(
+        source=src,
+        expr=expr,
+        anchored=anchored,
+        first_literal=first_literal,
+        later_literals=later_literals,
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ Writing (:class:`BundleWriter`) goes into a staging folder that mirrors the memb
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import hashlib
 import io
@@ -899,8 +900,9 @@ class Bundle:
     def iter_log_lines(self, name: str = LOG_MEMBER) -> Iterator[bytes]:
         """Raw lines of ``logs/combined.log`` as bytes, each with its ``b"\\n"`` (the last may
         lack it). Only ``\\n`` ends a line (``\\r`` stays inside). A line longer than
-        ``limits.max_line_bytes`` comes out in pieces of that size. Streams; the sha256 is
-        checked when the end is reached.
+        ``limits.max_line_bytes`` is cut: its head comes out (with a ``\\n``) and the rest up
+        to its newline is skipped, so memory stays bounded and line numbers stay the file's (as
+        the analyzer counts them). Streams; the sha256 is checked when the end is reached.
         """
         if name not in self._members:
             return
@@ -908,6 +910,10 @@ class Bundle:
         with self.open_member(name) as fp:
             # BufferedReader.readline splits on b"\n" only, in C; the limit caps huge lines.
             while line := fp.readline(max_line):
+                if len(line) == max_line and not line.endswith(b"\n"):
+                    while (rest := fp.readline(max_line)) and not rest.endswith(b"\n"):
+                        pass  # the rest of a huge line, skipped in bounded pieces
+                    line += b"\n" if rest else b""
                 yield line
 
 
@@ -974,7 +980,12 @@ def _dumps(obj: Any) -> bytes:
         text = json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise BundleError(f"cannot write JSON: {exc}") from None
-    return (text + "\n").encode("utf-8")
+    try:
+        return (text + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (a non-UTF-8 argv word or path, decoded with surrogateescape):
+        # written as a \\udcXX escape, which is valid JSON that reads back the same.
+        return (json.dumps(obj, indent=2, ensure_ascii=True, allow_nan=False) + "\n").encode()
 
 
 class BundleWriter:
@@ -1002,6 +1013,10 @@ class BundleWriter:
         self.staging_dir = Path(staging_dir)
         self.redactor = redactor
         self._streams: list[BinaryIO] = []
+        # Members held in memory instead of the staging folder: when sealing on a full disk,
+        # stubs and the manifest go straight into the tar written elsewhere.
+        self._overlay: dict[str, bytes] = {}
+        self._sealing = False
         marker = self.staging_dir / STAGING_MARKER
         if marker.exists():
             if not is_staging_dir(self.staging_dir):
@@ -1072,7 +1087,21 @@ class BundleWriter:
         }
 
     def _save_state(self) -> None:
-        _atomic_write(self.staging_dir / STAGING_MARKER, _dumps(self._state()))
+        try:
+            _atomic_write(self.staging_dir / STAGING_MARKER, _dumps(self._state()))
+        except OSError:
+            if not self._sealing:
+                raise  # sealing: the state is in memory and goes into the manifest
+
+    def _put(self, name: str, data: bytes) -> None:
+        """Write a member into the staging folder; when sealing on a full disk, hold it in
+        memory for the tar instead."""
+        try:
+            _atomic_write(self.staging_dir / name, data)
+        except OSError:
+            if not self._sealing:
+                raise
+            self._overlay[name] = data
 
     def checkpoint(self) -> None:
         """Save redaction records etc. into ``staging.json`` (done by every write_json)."""
@@ -1186,13 +1215,13 @@ class BundleWriter:
             else "not written by the capture"
         )
         if "fingerprint.json" not in present:
-            _atomic_write(self.staging_dir / "fingerprint.json", _dumps(_stub_fingerprint(why)))
+            self._put("fingerprint.json", _dumps(_stub_fingerprint(why)))
             self.add_not_collected("fingerprint.json", why)
         if "launch.json" not in present:
-            _atomic_write(self.staging_dir / "launch.json", _dumps(_stub_launch(self.created, why)))
+            self._put("launch.json", _dumps(_stub_launch(self.created, why)))
             self.add_not_collected("launch.json", why)
         if LOG_MEMBER not in present:
-            _atomic_write(self.staging_dir / LOG_MEMBER, b"")
+            self._put(LOG_MEMBER, b"")
             self.add_not_collected(LOG_MEMBER, f"no output was captured ({why})")
 
     def _check_json_members(self, members: list[str], *, lenient: bool) -> list[str]:
@@ -1203,7 +1232,9 @@ class BundleWriter:
                 kept.append(name)
                 continue
             path = self.staging_dir / name
-            data = path.read_bytes() if path.stat().st_size <= Limits().max_json_bytes else None
+            data = self._overlay.get(name)
+            if data is None:
+                data = path.read_bytes() if path.stat().st_size <= Limits().max_json_bytes else None
             problems: list[Problem]
             if data is None:
                 problems = [Problem("member-too-large", "JSON member is too large", member=name)]
@@ -1240,14 +1271,20 @@ class BundleWriter:
         """
         out = Path(out_path)
         self._close_streams()
+        self._sealing = _sealed
         present = set(self._walk(lenient=_sealed))
         self._stub_missing(present, sealed=_sealed)
-        members = self._walk(lenient=_sealed)
+        members = self._walk(lenient=_sealed) + list(self._overlay)
         members = self._check_json_members(members, lenient=_sealed)
         members = sorted(set(members), key=_member_sort_key)
         entries = []
         for name in members:
-            size, sha = _hash_file(self.staging_dir / name)
+            held = self._overlay.get(name)
+            size, sha = (
+                (len(held), hashlib.sha256(held).hexdigest())
+                if held is not None
+                else _hash_file(self.staging_dir / name)
+            )
             entries.append({"name": name, "size": size, "sha256": sha})
         if redactions is not None:
             red = [dict(r) for r in redactions]
@@ -1273,7 +1310,7 @@ class BundleWriter:
         if problems:
             raise BundleError(f"cannot finalize: {problems[0]}", list(problems))
         manifest_bytes = _seal_self_sha256(_dumps(manifest))
-        _atomic_write(self.staging_dir / MANIFEST, manifest_bytes)
+        self._put(MANIFEST, manifest_bytes)
         self._write_tar(out, [MANIFEST, *members])
         if remove_staging:
             shutil.rmtree(self.staging_dir, ignore_errors=True)
@@ -1283,7 +1320,13 @@ class BundleWriter:
         top = f"kk3-{self.bundle_id}"
         mtime = int(self.created.timestamp())
         gz = out.name.endswith((".tar.gz", ".tgz"))
-        partial = out.with_name(out.name + ".partial")
+        # Our own temporary name: two writers of one bundle path never share it.
+        partial = out.with_name(f"{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        if out.exists() or out.is_symlink():
+            raise BundleError(
+                f"{_show(str(out))} already exists; a bundle is never overwritten: "
+                "choose another output path or move that file away"
+            )
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
             with open(partial, "wb") as raw:
@@ -1297,19 +1340,30 @@ class BundleWriter:
                 with tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar:
                     for name in members:
                         path = self.staging_dir / name
+                        held = self._overlay.get(name)
                         info = tarfile.TarInfo(f"{top}/{name}")
-                        info.size = path.stat().st_size
+                        info.size = len(held) if held is not None else path.stat().st_size
                         info.mtime = mtime
                         info.mode = 0o644
                         info.uid = info.gid = 0
                         info.uname = info.gname = ""
+                        if held is not None:
+                            tar.addfile(info, io.BytesIO(held))
+                            continue
                         with open(path, "rb") as fp:
                             tar.addfile(info, fp)
                 if gzf is not None:
                     gzf.close()
                 raw.flush()
                 os.fsync(raw.fileno())
-            os.replace(partial, out)
+            _rename_no_replace(partial, out)
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise BundleError(
+                f"{_show(str(out))} appeared while the bundle was written; it is not "
+                "overwritten: choose another output path"
+            ) from None
         except OSError as exc:
             with contextlib.suppress(OSError):
                 partial.unlink()
@@ -1320,6 +1374,24 @@ class BundleWriter:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def _rename_no_replace(src: Path, dst: Path) -> None:
+    """Atomic rename that fails with FileExistsError if ``dst`` exists (SPEC §3: a bundle is
+    never overwritten): a hard link then unlink; where links are not supported, a check then
+    a rename (a narrow race, on such file systems only)."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        if dst.exists() or dst.is_symlink():
+            raise FileExistsError(errno.EEXIST, "exists", str(dst)) from None
+        os.rename(src, dst)
+        return
+    os.unlink(src)
 
 
 def _seal_self_sha256(data: bytes) -> bytes:
@@ -1459,15 +1531,96 @@ def seal(
         raise BundleError(f"no such staging folder: {_show(str(staging))}")
     if not staging.is_dir():
         raise BundleError(f"{_show(str(staging))} is not a folder (seal takes a staging folder)")
-    _append_partial_tails(staging / LOG_MEMBER)
-    writer = BundleWriter.resume(staging)
-    lines = staging / LINES_MEMBER
-    if lines.is_file() and not lines.is_symlink():
-        _drop_partial_last_row(lines)
-    return writer.finalize(out_path, remove_staging=remove_staging, _sealed=True)
+    try:
+        unappended = _append_partial_tails(staging / LOG_MEMBER)
+        writer = BundleWriter.resume(staging)
+        writer._sealing = True
+        if unappended:
+            writer._losses.append(
+                {
+                    "member": LOG_MEMBER,
+                    "reason": "the unfinished last line could not be appended: no space left "
+                    "(it is still in the staging folder; seal again once there is room)",
+                    "bytes": unappended,
+                    "lines": 1,
+                    "at": _iso(_utcnow()),
+                }
+            )
+        _apply_ledger(writer, staging)
+        lines = staging / LINES_MEMBER
+        if lines.is_file() and not lines.is_symlink():
+            _drop_partial_last_row(lines)
+        return writer.finalize(out_path, remove_staging=remove_staging, _sealed=True)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise BundleError(_no_space(staging, Path(out_path))) from None
+        raise BundleError(
+            f"cannot seal {_show(str(staging))}: {exc.strerror or exc}; nothing was removed"
+        ) from None
+    except BundleError as exc:
+        if "No space left" in exc.message or "Disk quota" in exc.message:
+            raise BundleError(_no_space(staging, Path(out_path))) from None
+        raise
 
 
-def _append_partial_tails(log: Path) -> None:
+def _no_space(staging: Path, out: Path) -> str:
+    need = 0
+    for dirpath, _dirs, files in os.walk(staging, followlinks=False):
+        for fn in files:
+            with contextlib.suppress(OSError):
+                need += os.lstat(os.path.join(dirpath, fn)).st_size
+    mib = need // (1024 * 1024) + 2
+    return (
+        f"no space left on the device: sealing needs about {mib} MiB free where the bundle "
+        f"{_show(str(out))} is written (the size of the staging folder, plus a little in the "
+        f"staging folder itself); free that much (see 'df {_show(str(out.parent or '.'))}') "
+        f"or write elsewhere with -o; nothing was lost: {_show(str(staging))} is kept as it was"
+    )
+
+
+def _apply_ledger(writer: BundleWriter, staging: Path) -> None:
+    """What the capture's ledger says was lost (bundle/ledger.py), into the manifest: losses
+    it recorded but never saved (a full disk), and what it had received but not yet written
+    when it was killed. A start-time launch.json is marked as such."""
+    from kk3evidence.bundle.ledger import read_ledger
+
+    doc = read_ledger(staging)
+    have = {(loss.get("member"), loss.get("reason")) for loss in writer._losses}
+    for loss in (doc or {}).get("losses") or []:
+        if isinstance(loss, dict) and (loss.get("member"), loss.get("reason")) not in have:
+            writer._losses.append(loss)
+    if doc is not None and not doc.get("final"):
+        numbers = [doc.get(k) for k in ("received_bytes", "written_bytes", "dropped_bytes")]
+        if all(isinstance(n, int) for n in numbers):
+            received, written, dropped = (int(n) for n in numbers)  # type: ignore[arg-type]
+            lost = received - written - dropped
+            writer._losses.append(
+                {
+                    "member": LOG_MEMBER,
+                    "reason": "capture was killed: output it had received (and passed through) "
+                    "but not yet written; at least this much, more if it arrived after "
+                    "the last ledger update",
+                    "bytes": max(lost, 0),
+                    "lines": None,
+                    "at": _iso(_utcnow()),
+                }
+            )
+    launch = staging / "launch.json"
+    if launch.is_file() and not launch.is_symlink():
+        with contextlib.suppress(OSError, ValueError):
+            doc_l = json.loads(launch.read_bytes())
+            if isinstance(doc_l, dict) and doc_l.get("ended_at") is None:
+                writer._not_collected.append(
+                    {
+                        "what": "launch.json (end of run)",
+                        "reason": "the capture stopped before the run ended: end time, exit "
+                        "status, readiness and stages reached were never written; "
+                        "launch.json is the copy written at start",
+                    }
+                )
+
+
+def _append_partial_tails(log: Path) -> int:
     """Append the unfinished last lines a killed capture kept beside the log, then remove
     those files.
 
@@ -1476,16 +1629,29 @@ def _append_partial_tails(log: Path) -> None:
     line to the log but before removing the tail: then a line starting with those bytes stands
     in the log at or after that offset, and the stale tail is dropped instead of duplicated.
     """
-    if not log.parent.is_dir():
-        return
+    lost = 0
+    if log.parent.is_symlink() or not log.parent.is_dir() or log.is_symlink():
+        return 0  # never write through a link out of the staging folder (it is left out anyway)
     for tail in sorted(log.parent.glob(log.name + ".partial-*")):
         if tail.is_file() and not tail.is_symlink() and not tail.name.endswith(".tmp"):
             raw = tail.read_bytes()
             head, _, data = raw.partition(b"\n")
             if data and head.isdigit() and not _completed_in_log(log, int(head), data):
-                with open(log, "ab") as out:
-                    out.write(data)
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                fd = os.open(log, flags, 0o644)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    lost += len(data)  # kept beside the log for a later seal
+                    continue
+                finally:
+                    os.close(fd)
         tail.unlink()
+    return lost
 
 
 def _completed_in_log(log: Path, offset: int, data: bytes) -> bool:

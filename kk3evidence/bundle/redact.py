@@ -46,6 +46,7 @@ import ahocorasick
 
 __all__ = [
     "KEY_FILE_ENV",
+    "PLACEHOLDER_RE",
     "Redactor",
     "is_secret_flag",
     "is_secret_header",
@@ -243,6 +244,48 @@ _PATTERNS: tuple[_Pattern, ...] = (
         boundary=True,
         on_lower=True,
     ),
+    _p(
+        "private_key",
+        (b"-----begin",),
+        # A PEM private key inside one text (an env value, a JSON string with "\\n" escapes):
+        # the body up to the END line, or to the end of the text if the END line is cut off.
+        rb"-----begin [a-z0-9 ]*private key-----(?P<v>(?:(?!-----end)[\s\S]){16,16384})",
+        on_lower=True,
+    ),
+    _p(
+        "json_secret",
+        (b'token"', b"passw", b'secret"', b'key"', b"credential", b'cookie"'),
+        # "token": "…" / "password": "…": the whole JSON string, spaces included.
+        rb'"[a-z0-9_.-]*(?:token|password|passwd|secret|api[_-]?key|apikey|credentials?'
+        rb'|private[_-]?key|cookie)"\s*:\s*"(?P<v>(?:[^"\\\n]|\\.){4,4096})"',
+        on_lower=True,
+    ),
+    _p(
+        "cookie",
+        (b"cookie",),
+        rb"(?:set-)?cookie[\"']?\s*[:=]\s*[\"']?(?P<v>[^\s\"'](?:[^\r\n\"']{0,4096}[^\s\"'])?)",
+        boundary=True,
+        on_lower=True,
+    ),
+    _p(
+        "user_password",
+        (b"-u", b"--user"),
+        # curl -u user:pass / --user=user:pass (only the password after the colon).
+        rb"(?:^|[\s\"'])(?:-u\s*|--user(?:\s+|=))[\"']?[^\s:\"']{1,256}:(?P<v>[^\s\"']{1,1024})",
+    ),
+    _p(
+        "stripe_key",
+        (b"sk_live_", b"rk_live_", b"sk_test_", b"rk_test_"),
+        rb"[sr]k_(?:live|test)_[A-Za-z0-9]{10,}",
+        boundary=True,
+    ),
+    _p("google_api_key", (b"aiza",), rb"AIza[0-9A-Za-z_-]{30,}", boundary=True),
+    _p(
+        "slack_webhook",
+        (b"hooks.slack.com",),
+        rb"hooks\.slack\.com/(?:services|workflows|triggers)/(?P<v>[A-Za-z0-9_/-]{8,})",
+    ),
+    _p("slack_token", (b"xox",), rb"xox[abposr]-[A-Za-z0-9-]{10,}", boundary=True),
 )
 # Every anchor of every pattern: a line holding none of them (and no known secret) is kept
 # as is without running any regex.
@@ -258,6 +301,15 @@ def _anchor_automaton() -> Any:
 
 
 _AUTOMATON = _anchor_automaton()
+
+
+def _present_anchors(low: bytes) -> set[bytes]:
+    """The anchors found in ``low``, in one C pass (not one ``in`` per anchor)."""
+    return {value for _, value in _AUTOMATON.iter(low.decode("latin-1"))}
+
+
+#: a placeholder this module wrote (its label may contain an anchor such as ``hf_``)
+PLACEHOLDER_RE = re.compile(rb"<redacted:[A-Za-z0-9_.-]{1,48}#[0-9]+(?::[0-9a-f]{12})?>")
 
 
 def _has_anchor(low: bytes) -> bool:
@@ -309,6 +361,10 @@ class Redactor:
         self._n = 0
         self._compiled: re.Pattern[bytes] | None = None
         self._known: tuple[bytes, ...] = ()
+        self._longest = 0
+        # Inside a PEM private key printed over several lines (see _pem_spans).
+        self._pem_lines = 0
+        self._pem_ph: str | None = None
 
     @classmethod
     def with_user_key(cls, path: str | os.PathLike[str] | None = None) -> Redactor:
@@ -320,21 +376,36 @@ class Redactor:
         return cls(key=_load_user_key(path))
 
     # placeholders ----------------------------------------------------------------------
-    def _placeholder(self, value: bytes, label: str, where: str) -> str:
+    def _assign(self, value: bytes, label: str) -> str:
+        """The placeholder of ``value``, made (and learned for text search) if new."""
+        if len(value) > MAX_KNOWN_BYTES:  # kept by digest: a flood of huge ones stays small
+            value = b"\0sha256:" + hashlib.sha256(value).digest()
         ph = self._by_value.get(value)
-        if ph is None:
-            self._n += 1
-            clean = _LABEL_OK.sub("_", label).strip("_") or "secret"
-            tag = ""
-            if self._key is not None:
-                tag = ":" + hmac.new(self._key, value, hashlib.sha256).hexdigest()[:12]
-            ph = f"<redacted:{clean[:48]}#{self._n}{tag}>"
-            self._by_value[value] = ph
-            for variant in _variants(value):
-                self._by_value.setdefault(variant, ph)
+        if ph is not None:
+            return ph
+        self._n += 1
+        clean = _LABEL_OK.sub("_", label).strip("_") or "secret"
+        tag = ""
+        if self._key is not None:
+            tag = ":" + hmac.new(self._key, value, hashlib.sha256).hexdigest()[:12]
+        ph = f"<redacted:{clean[:48]}#{self._n}{tag}>"
+        self._by_value[value] = ph
+        if value.startswith(b"\0sha256:"):
             self._records[ph] = _Record(ph, label)
-            if len(value) >= self._min_known and value.lower() not in _TRIVIAL_BYTES:
-                self._compiled = None  # learn it: it is now searched for in text
+            return ph
+        for variant in _variants(value):
+            self._by_value.setdefault(variant, ph)
+        # A multi-line secret (a PEM key in the environment) reaches the log one line at a
+        # time: each of its long lines is a secret of its own, under the same placeholder.
+        for piece in _secret_lines(value):
+            self._by_value.setdefault(piece, ph)
+        self._records[ph] = _Record(ph, label)
+        if _learnable(value, self._min_known):
+            self._compiled = None  # learn it: it is now searched for in text
+        return ph
+
+    def _placeholder(self, value: bytes, label: str, where: str) -> str:
+        ph = self._assign(value, label)
         rec = self._records[ph]
         rec.where.add(where)
         rec.count += 1
@@ -348,6 +419,8 @@ class Redactor:
     def placeholder_for(self, value: str | bytes) -> str | None:
         """The placeholder already given to ``value``, if any."""
         raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+        if len(raw) > MAX_KNOWN_BYTES:
+            raw = b"\0sha256:" + hashlib.sha256(raw).digest()
         return self._by_value.get(raw)
 
     def records(self) -> list[dict[str, Any]]:
@@ -378,6 +451,7 @@ class Redactor:
         for name, value in env.items():
             if name not in out:
                 out[name] = self.text(value, where=f"{where}:{name}")
+                self._pem_lines = 0  # a key cut off inside one value never runs on into the log
         return {name: out[name] for name in env}
 
     def argv(self, argv: Sequence[str], *, where: str = "argv") -> list[str]:
@@ -468,14 +542,11 @@ class Redactor:
     def _known_regex(self) -> re.Pattern[bytes] | None:
         if self._compiled is None:
             known = sorted(
-                (
-                    v
-                    for v in self._by_value
-                    if len(v) >= self._min_known and v.lower() not in _TRIVIAL_BYTES
-                ),
+                (v for v in self._by_value if _learnable(v, self._min_known)),
                 key=lambda v: (-len(v), v),
             )
             self._known = tuple(known)
+            self._longest = max(map(len, known), default=0)
             self._compiled = re.compile(b"|".join(re.escape(v) for v in known) or b"(?!)")
         return self._compiled if self._known else None
 
@@ -498,16 +569,66 @@ class Redactor:
         for line in lines:
             yield self._text(line, where)
 
+    @property
+    def in_block(self) -> bool:
+        """True while inside a multi-line secret (a PEM key printed line by line): every next
+        line must go through :meth:`text`, even one with no anchor."""
+        return self._pem_lines > 0
+
+    def safe_cut(self, data: bytes, keep: int = 16 * 1024) -> int:
+        """Where a long unfinished line may be cut (for writing its head now) without cutting
+        a secret in two: at least ``keep`` bytes (and the longest known secret) are held
+        back, and the cut is moved before any secret or pattern match that spans it."""
+        self._known_regex()
+        cut = len(data) - max(keep, self._longest + 1)
+        if cut <= 0:
+            return len(data)
+        spans = self._match_spans(data)
+        moved = True
+        while moved:
+            moved = False
+            for start, end in spans:
+                if start < cut < end:
+                    cut, moved = start, True
+        # A match as long as the whole head (a megabyte-long token): write it all, redacted.
+        return cut if cut > 0 else len(data)
+
+    def _match_spans(self, data: bytes) -> list[tuple[int, int]]:
+        spans: list[tuple[int, int]] = []
+        known = self._known_regex()
+        if known is not None and any(v in data for v in self._known):
+            spans.extend(m.span() for m in known.finditer(data))
+        low = data.lower()
+        for pat in _PATTERNS:
+            if any(a in low for a in pat.anchors):
+                spans.extend(m.span() for m in pat.regex.finditer(low if pat.on_lower else data))
+        return spans
+
+    def replace_known(self, data: bytes, *, where: str = "text") -> bytes:
+        """Every secret already known replaced in ``data`` (a block of lines), at C speed.
+
+        The patterns are not run: a caller that finds no anchor in
+        ``PLACEHOLDER_RE.sub(b"", result)`` is done, else it runs :meth:`text` per line."""
+        self._known_regex()
+        for value in self._known:  # longest first: a secret inside a longer one stays inside
+            if value in data:
+                ph = self._by_value[value]
+                rec = self._records[ph]
+                rec.where.add(where)
+                rec.count += data.count(value)
+                data = data.replace(value, ph.encode())
+        return data
+
     def _maybe(self, raw: bytes) -> bool:
-        return _has_anchor(raw.lower()) or any(v in raw for v in self._known)
+        self._known_regex()  # secrets learned from earlier lines of the same block count
+        return self._pem_lines > 0 or _has_anchor(raw.lower()) or any(v in raw for v in self._known)
 
     def _text(self, raw: bytes, where: str) -> bytes:
         if not raw:
             return raw
-        self._known_regex()  # refresh the known-secret list
-        if not self._maybe(raw):
-            return raw
         if raw.count(b"\n") > 1:
+            if not self._maybe(raw):
+                return raw
             # A block of lines: only lines that may hold a secret are searched.
             return b"\n".join(
                 self._line(part, where) if part and self._maybe(part) else part
@@ -515,23 +636,53 @@ class Redactor:
             )
         return self._line(raw, where)
 
+    def _pem_spans(self, body: bytes, low: bytes) -> list[tuple[int, int, int, str]]:
+        """Spans of a PEM private key's body lines when it is printed over several lines.
+
+        A BEGIN line with no END after it opens the block; every following line's base64
+        runs are secret until the END line (or a line with none, or 400 lines)."""
+        if self._pem_lines == 0:
+            begin = low.rfind(b"-----begin ")
+            if begin >= 0 and b"private key-----" in low[begin:] and b"-----end" not in low[begin:]:
+                self._pem_lines = 400
+                self._pem_ph = None
+            return []
+        end = low.find(b"-----end")
+        head = body if end < 0 else body[:end]
+        runs = [m.span() for m in _BASE64_RUN.finditer(head)]
+        self._pem_lines = 0 if end >= 0 or (not runs and head.strip()) else self._pem_lines - 1
+        out = []
+        for start, stop in runs:
+            value = body[start:stop]
+            if self._pem_ph is None:
+                self._pem_ph = self._assign(value, "private_key")
+            if self._by_value.setdefault(value, self._pem_ph) == self._pem_ph:
+                self._compiled = None  # a repeat of this line elsewhere is found too
+            out.append((start, stop, -1, ""))
+        return out
+
     def _line(self, raw: bytes, where: str) -> bytes:
-        spans: list[tuple[int, int, int, str]] = []  # start, end, priority, kind
-        known = self._known_regex()
-        if known is not None and any(v in raw for v in self._known):
-            spans.extend((m.start(), m.end(), -1, "") for m in known.finditer(raw))
-        low = raw.lower()
+        # The line ending stays out of every match (a placeholder never swallows a newline).
+        body = raw.rstrip(b"\r\n")
+        ending = raw[len(body) :]
+        low = body.lower()
+        spans = self._pem_spans(body, low)  # start, end, priority, kind
+        present = _present_anchors(low)
         for prio, pat in enumerate(_PATTERNS):
-            if not any(a in low for a in pat.anchors):
+            if present.isdisjoint(pat.anchors):
                 continue
-            for m in pat.regex.finditer(low if pat.on_lower else raw):
-                if pat.boundary and m.start() > 0 and raw[m.start() - 1 : m.start()].isalnum():
+            for m in pat.regex.finditer(low if pat.on_lower else body):
+                if pat.boundary and m.start() > 0 and body[m.start() - 1 : m.start()].isalnum():
                     continue
                 start, end = m.span("v") if "v" in pat.regex.groupindex else m.span()
-                secret = raw[start:end]
+                secret = body[start:end]
                 if _NOT_A_SECRET.match(secret) or secret.startswith(b"<redacted:"):
                     continue
                 spans.append((start, end, prio, pat.kind))
+                self._assign(secret, pat.kind)  # learned now: repeats on this line count
+        known = self._known_regex()
+        if known is not None and any(v in body for v in self._known):
+            spans.extend((m.start(), m.end(), -1, "") for m in known.finditer(body))
         if not spans:
             return raw
         spans.sort(key=lambda x: (x[0], x[0] - x[1], x[2]))
@@ -540,7 +691,7 @@ class Redactor:
         for start, end, prio, kind in spans:
             if start < pos:
                 continue  # overlaps a secret already replaced
-            value = raw[start:end]
+            value = body[start:end]
             if prio < 0:
                 ph = self._by_value[value]
                 rec = self._records[ph]
@@ -548,11 +699,40 @@ class Redactor:
                 rec.count += 1
             else:
                 ph = self._placeholder(value, kind, where)
-            out.append(raw[pos:start])
+            out.append(body[pos:start])
             out.append(ph.encode())
             pos = end
-        out.append(raw[pos:])
+        out.append(body[pos:])
+        out.append(ending)
         return b"".join(out)
+
+
+#: a secret longer than this is replaced where found but not searched for elsewhere (a
+#: 600 KB "sk-sk-sk-…" run would otherwise make every later search cost its length)
+MAX_KNOWN_BYTES = 16 * 1024
+
+
+def _learnable(value: bytes, min_len: int) -> bool:
+    return (
+        min_len <= len(value) <= MAX_KNOWN_BYTES
+        and value.lower() not in _TRIVIAL_BYTES
+        and not value.startswith(b"\0sha256:")
+    )
+
+
+_BASE64_RUN = re.compile(rb"[A-Za-z0-9+/=]{16,}")
+
+
+def _secret_lines(value: bytes) -> set[bytes]:
+    """The long lines of a multi-line secret, without PEM armour lines."""
+    if b"\n" not in value:
+        return set()
+    out = set()
+    for raw in value.split(b"\n"):
+        line = raw.strip()
+        if len(line) >= 16 and not line.startswith(b"-----"):
+            out.add(line)
+    return out
 
 
 _TRIVIAL_BYTES = frozenset(v.encode() for v in _TRIVIAL_VALUES)

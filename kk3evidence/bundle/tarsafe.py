@@ -44,7 +44,7 @@ class Limits:
     max_members: int = 10_000
     max_member_bytes: int = 16 * GiB  # logs/, probes/
     max_json_bytes: int = 16 * MiB  # every *.json member (read into memory)
-    max_text_bytes: int = 256 * MiB  # metrics/*.prom (read into memory on demand)
+    max_text_bytes: int = 32 * MiB  # metrics/*.prom (read into memory on demand; real ~1 MiB)
     max_total_bytes: int = 64 * GiB  # sum of uncompressed member sizes
     max_compression_ratio: float = 600.0
     ratio_grace_bytes: int = 64 * MiB
@@ -54,7 +54,7 @@ class Limits:
     max_name_bytes: int = 512
     max_header_bytes: int = 1 * MiB  # a single pax / GNU long-name record
     max_trailing_bytes: int = 16 * MiB  # zero padding read after the end-of-archive marker
-    max_line_bytes: int = 64 * MiB  # iter_log_lines splits longer lines
+    max_line_bytes: int = 1 * MiB  # iter_log_lines cuts longer lines (as the analyzer does)
 
 
 class ArchiveError(Exception):
@@ -103,6 +103,34 @@ def sniff(head: bytes) -> str:
             "not-tar", f"the file is {len(head)} bytes, too short for a tar archive; not a bundle"
         )
     return "tar"  # old-style tar without magic: let the header checksum decide
+
+
+#: longest gzip member header accepted (kk3evidence writes 10 bytes; ``gzip`` reads the name
+#: and comment fields one byte per call, so 50 MB of them take a minute)
+GZIP_HEADER_MAX = 64 * KiB
+
+
+def check_gzip_header(head: bytes) -> None:
+    """Refuse a gzip header (extra field, file name, comment) longer than GZIP_HEADER_MAX."""
+    too_long = ArchiveError(
+        "header-too-large",
+        f"the gzip header (file name, comment or extra field) is longer than "
+        f"{GZIP_HEADER_MAX} bytes; not a bundle (kk3evidence writes none)",
+    )
+    if len(head) < 10:
+        return  # the gzip reader reports the truncation
+    flags = head[3]
+    pos = 10
+    if flags & 4:  # FEXTRA
+        pos += 2 + int.from_bytes(head[pos : pos + 2], "little")
+    for bit in (8, 16):  # FNAME, FCOMMENT: zero-terminated
+        if flags & bit:
+            end = head.find(b"\0", pos)
+            if end < 0:
+                raise too_long
+            pos = end + 1
+    if pos > GZIP_HEADER_MAX:
+        raise too_long
 
 
 class _Guard(io.RawIOBase):
@@ -245,6 +273,8 @@ class SafeTar:
             head = self._raw.read(BLOCK)
             self.compression = sniff(head)
             if self.compression == "gzip":
+                self._raw.seek(0)
+                check_gzip_header(self._raw.read(GZIP_HEADER_MAX + 1))
                 self._raw.seek(0)
                 head = gzip.GzipFile(fileobj=self._raw, mode="rb").read(BLOCK)
                 if not head:

@@ -7,7 +7,8 @@ Two pieces, so that disk never slows the child:
   stdout/stderr, and hands it to the recorder. It never touches the disk.
 * :class:`LineRecorder` (one thread) receives chunks through a queue bounded in bytes, joins
   them into whole lines per stream (a partial line waits for its newline; more than
-  ``MAX_PARTIAL`` bytes without one is written as it is), optionally redacts them, and appends
+  ``MAX_PARTIAL`` bytes without one is written in pieces, never cutting a secret in two),
+  optionally redacts them, and appends
   them to ``logs/combined.log`` with one ``lines.tsv`` row per line. When the queue is full or a
   write fails, the data is dropped *from the log only* and counted in :attr:`LineRecorder.losses`;
   the pass-through goes on.
@@ -124,13 +125,23 @@ class LineRecorder:
         redact: Callable[[bytes | memoryview], bytes | memoryview] | None = None,
         max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         on_first_loss: Callable[[str], None] | None = None,
+        ledger: Callable[[dict[str, object]], None] | None = None,
     ) -> None:
         self._log = _unbuffered(log)
         self._index = _unbuffered(index)
         self._streams = (log, index)
         self._redact = redact
+        # ``redact`` may say where a long line can be cut safely (LogRedactor.safe_cut).
+        cut = getattr(redact, "safe_cut", None)
+        self._cut: Callable[[bytes], int] | None = cut if callable(cut) else None
         self._max_queue = max_queue_bytes
         self._on_first_loss = on_first_loss
+        # Running totals for seal, kept where a SIGKILL or a full disk cannot erase them
+        # (bundle/ledger.py): what was received, taken from the queue and dropped.
+        self._ledger = ledger
+        self.received = 0
+        self._taken = 0
+        self._dropped = 0
         self._queue: collections.deque[tuple[int, bytes | None, int, int]] = collections.deque()
         self._queued = 0
         self._cond = threading.Condition()
@@ -161,8 +172,10 @@ class LineRecorder:
     # -- producer side (pump thread) -------------------------------------------------------
     def put(self, stream: int, data: bytes, wall_ns: int, mono_ns: int) -> None:
         with self._cond:
+            self.received += len(data)
             if self._queued + len(data) > self._max_queue:
                 full = True
+                self._dropped += len(data)
             else:
                 full = False
                 self._queue.append((stream, data, wall_ns, mono_ns))
@@ -220,6 +233,8 @@ class LineRecorder:
             # Each batch reaches the OS at once: a SIGKILLed shim loses nothing it wrote.
             self._flush()
             self._save_partials()
+            self._taken += size
+            self._note(final=False)
         for stream in (0, 1):
             if self._partial[stream]:
                 self._emit(stream, self._partial[stream], time.time_ns(), time.monotonic_ns())
@@ -227,9 +242,27 @@ class LineRecorder:
         self._index_pending()
         self._flush()
         self._save_partials()
+        self._note(final=True)
         if self._reader is not None:
             with contextlib.suppress(OSError):
                 os.close(self._reader)
+
+    def _note(self, *, final: bool) -> None:
+        if self._ledger is None:
+            return
+        with self._cond:
+            received, dropped = self.received, self._dropped
+        with contextlib.suppress(Exception):
+            self._ledger(
+                {
+                    "received_bytes": received,
+                    "written_bytes": self._taken,
+                    "dropped_bytes": dropped,
+                    "log_bytes": self.bytes_written,
+                    "losses": [loss.to_json() for loss in self.losses],
+                    "final": final,
+                }
+            )
 
     def _flush(self) -> None:
         names = ("logs/combined.log", "logs/lines.tsv")
@@ -297,8 +330,11 @@ class LineRecorder:
                 self._emit(stream, memoryview(data)[start : last + 1], wall, mono)
             buf = data[last + 1 :]
         if len(buf) > MAX_PARTIAL:
-            self._emit(stream, buf, wall, mono)
-            buf = b""
+            # Write the head of a long unfinished line now, but never cut a secret in two
+            # (each piece is redacted on its own): the redactor picks the cut and a tail waits.
+            cut = self._cut(buf) if self._cut is not None else len(buf)
+            self._emit(stream, buf[:cut], wall, mono)
+            buf = buf[cut:]
         self._partial[stream] = buf
 
     def _emit(self, stream: int, block: bytes | memoryview, wall: int, mono: int) -> None:

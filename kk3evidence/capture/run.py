@@ -39,10 +39,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+from kk3evidence.bundle.ledger import Ledger
 from kk3evidence.capture import fingerprint as fpmod
 from kk3evidence.capture import http as probe
 from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
+from kk3evidence.capture.staging import default_output, staging_for  # noqa: F401 (re-exported)
+from kk3evidence.capture.staging import reserve as reserve_staging
 from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
 from kk3evidence.model import FORMAT_IDS, STAGES
 
@@ -291,27 +294,49 @@ class LogRedactor:
         self._learned = _redactor_size(self._redactor)
         return _Anchors(tuple(sorted(v for v in values if len(v) >= 6)))
 
+    def safe_cut(self, data: bytes) -> int:
+        """Where a long unfinished line may be cut without cutting a secret (pump.py)."""
+        return int(self._redactor.safe_cut(data))
+
     def __call__(self, data: bytes | memoryview) -> bytes | memoryview:
+        in_block = bool(getattr(self._redactor, "in_block", False))
         hits = self._anchors(data)
-        if not hits:
+        if not hits and not in_block:
             return data
         block = bytes(data)
+        first = 0 if in_block else block.rfind(b"\n", 0, min(hits)) + 1
+        replace = getattr(self._redactor, "replace_known", None)
+        if not in_block and callable(replace):
+            # Known secrets first, over the whole block at C speed (a flood of lines carrying
+            # one keeps up); only lines with an anchor outside a placeholder go on.
+            block = bytes(replace(block, where=LOG_MEMBER))
+            if not self._anchors(_unplaced(block)):
+                return block
+            first = 0
         # A hit anywhere: every line of the block from the first hit's line on goes through the
         # Redactor line by line, except lines that are plainly clean (checked per line).
         out: list[bytes] = []
-        first = block.rfind(b"\n", 0, min(hits)) + 1
         out.append(block[:first])
         for line in block[first:].split(b"\n"):
-            if line and self._anchors(line):
+            if line and (
+                self._anchors(_unplaced(line)) or getattr(self._redactor, "in_block", False)
+            ):
                 out.append(self._redactor.text(line, where=LOG_MEMBER))
+                if _redactor_size(self._redactor) != self._learned:
+                    # A secret learned from this line: look for it from the next line on.
+                    self._anchors = self._build()
             else:
                 out.append(line)
             out.append(b"\n")
         out.pop()
-        if _redactor_size(self._redactor) != self._learned:
-            # The Redactor learned a new secret from a log line: look for it from now on.
-            self._anchors = self._build()
         return b"".join(out)
+
+
+def _unplaced(data: bytes) -> bytes:
+    """``data`` without the placeholders already in it (their labels hold anchors)."""
+    from kk3evidence.bundle.redact import PLACEHOLDER_RE
+
+    return PLACEHOLDER_RE.sub(b"", data) if b"<redacted:" in data else data
 
 
 def _redactor_known(redactor: Any) -> list[bytes]:
@@ -349,15 +374,6 @@ def known_secrets(env: Mapping[str, str], argv: Sequence[str]) -> list[bytes]:
     return sorted(
         {v.encode("utf-8", "surrogateescape") for v in values if v.strip().lower() not in trivial}
     )
-
-
-def default_output(now: datetime | None = None) -> Path:
-    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
-    return Path(f"kk3-{stamp}.tar")
-
-
-def staging_for(output: Path) -> Path:
-    return output.with_name(output.name + ".staging")
 
 
 # ------------------------------------------------------------------------------- the run
@@ -489,15 +505,10 @@ def run_capture(
     env = dict(os.environ)
     env.update(opts.extra_env)
     created = datetime.now(UTC)
-    output = opts.output or default_output(created)
-    staging = opts.staging or staging_for(output)
-    if staging.exists() and any(staging.iterdir()):
-        raise UsageError(
-            f"staging folder {staging} already holds a capture; seal it with "
-            f"'kk3evidence seal {staging}' or remove it, or pass --staging"
-        )
     request_body = _load_request(opts.request_file) if opts.request_file else None
     changes = [parse_change(c, created.isoformat()) for c in opts.changes]
+    # Our own staging folder, created now (parallel captures never share one).
+    output, staging = reserve_staging(opts.output, opts.staging, created)
 
     redactor = _new_redactor()
     try:
@@ -550,11 +561,13 @@ def run_capture(
 
     log_stream = writer.open_stream("logs/combined.log")
     index_stream = writer.open_stream("logs/lines.tsv")
+    ledger = Ledger(staging)  # running totals that seal reads if capture is killed
     recorder = LineRecorder(
         log_stream,
         index_stream,
         redact=LogRedactor(redactor, known_secrets(env, argv)),
         on_first_loss=say,
+        ledger=ledger.update,
     )
 
     # -- start CMD --------------------------------------------------------------------------
@@ -579,6 +592,7 @@ def run_capture(
             )
         except OSError as exc:
             recorder.close(10)
+            ledger.close()
             return _finish_unstarted(run, output, staging, exc)
         run.proc = proc
         run.pgid = proc.pid
@@ -632,6 +646,7 @@ def run_capture(
             pipe.close()
     if not recorder.close(600):
         run.problems.append("the log writer did not finish within 600 s")
+    ledger.close()
     run.stop.set()
     if prober is not None:
         prober.join(30)

@@ -40,7 +40,8 @@ def _say(message: str) -> None:
     "-o",
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Bundle to write (.tar, .tar.gz); default kk3-<UTC time>.tar here.",
+    help="Bundle to write (.tar, .tar.gz); never overwritten (an existing file is refused). "
+    "Default: kk3-<UTC time>.tar here, numbered -2, -3, ... for captures of the same second.",
 )
 @click.option(
     "--staging",

@@ -55,5 +55,33 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def safe_text(text: str) -> str:
+    """Text from a received bundle made safe for a terminal (and encodable): control
+    characters, bidi overrides and lone surrogates become visible escapes; newlines and tabs
+    stay."""
+    if text.replace("\n", "").replace("\t", "").isprintable():  # the usual case, at C speed
+        return text
+    return "".join(
+        c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
+
+def safe_json(text: str) -> str:
+    """JSON text with every non-printable character (only ever inside strings: C1 controls,
+    bidi overrides, lone surrogates) written as a ``\\uXXXX`` escape; still the same JSON."""
+    if text.replace("\n", "").isprintable():  # the usual case, at C speed
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else _json_escape(c) for c in text)
+
+
+def _json_escape(c: str) -> str:
+    code = ord(c)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # beyond the BMP: a surrogate pair, as JSON spells it
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
 def echo_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False))
+    click.echo(safe_json(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False)))

@@ -13,7 +13,7 @@ from kk3evidence.errors import UsageError
 if TYPE_CHECKING:
     from kk3evidence.handoff.compare import Comparison
 
-from ._common import echo_json, handle_errors
+from ._common import echo_json, handle_errors, safe_text
 
 _COLUMNS = ("run", "environment", "config", "driver", "image_id", "vllm", "gpus",
             "within_boundaries", "signature")
@@ -94,6 +94,6 @@ def command(bundles: tuple[str, ...], isolated: tuple[str, ...],
     if as_json:
         echo_json(result.to_json())
     elif as_csv:
-        click.echo(result.to_csv(), nl=False)
+        click.echo(safe_text(result.to_csv()), nl=False)
     else:
-        click.echo(_human(result))
+        click.echo(safe_text(_human(result)))

@@ -8,7 +8,7 @@ import click
 
 from kk3evidence.handoff.diff import DiffResult, diff
 
-from ._common import echo_json, handle_errors
+from ._common import echo_json, handle_errors, safe_text
 
 
 def _human(result: DiffResult) -> str:
@@ -55,5 +55,5 @@ def command(bundle_a: str, bundle_b: str, as_json: bool) -> None:
     if as_json:
         echo_json(result.to_json())
     else:
-        click.echo(_human(result))
+        click.echo(safe_text(_human(result)))
     sys.exit(result.exit_code)

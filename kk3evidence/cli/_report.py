@@ -10,7 +10,7 @@ from kk3evidence.errors import InputError
 from kk3evidence.handoff.report.i18n import LANGS
 from kk3evidence.handoff.report.markdown import FORMATS, render_report
 
-from ._common import handle_errors
+from ._common import handle_errors, safe_text
 
 
 @click.command(name="report")
@@ -39,6 +39,7 @@ def command(  # noqa: PLR0917 - one parameter per click option
     """
     doc = render_report(bundle, baseline=baseline, fmt=fmt,  # type: ignore[arg-type]
                         lang=lang, recipe=recipe)  # type: ignore[arg-type]
+    doc = safe_text(doc)  # received text never drives a terminal (nor fails to encode)
     if output:
         try:
             Path(output).write_text(doc, encoding="utf-8")

@@ -242,7 +242,22 @@ def _row(ev: Evidence, env: Environment, config_id: str, boundaries: str) -> dic
     for name, path in _PINNED:
         v = dig(fp, path)
         row[name] = None if v is None else str(v)
-    return {k: row.get(k) for k in _RUN_SCHEMA}
+    return {k: _cell(row.get(k), t) for k, t in _RUN_SCHEMA.items()}
+
+
+_INT64 = range(-(2**63), 2**63)
+
+
+def _cell(value: Any, dtype: Any) -> Any:
+    """A value the frame can hold: an integer beyond 64 bits is unknown (None), a lone
+    surrogate from a received bundle becomes a visible escape."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int) and value not in _INT64:
+        return None if dtype == pl.Int64 else str(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
 
 # --- decision ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ per-line receive times, and runs the analyzer when the bundle carries no ``analy
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,7 +105,14 @@ def from_dicts(
     )
 
 
+#: bytes of one log line kept for display (a received bundle may hold megabyte lines)
+MAX_SHOWN_LINE = 4096
+
+
 def _decode(raw: bytes) -> str:
+    cut = len(raw) - MAX_SHOWN_LINE
+    if cut > 2:  # more than the end of line beyond the limit
+        raw = raw[:MAX_SHOWN_LINE] + f" [... {cut} more bytes]".encode()
     text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
     # tqdm bars rewrite one line with \r: keep only the last state for display.
     if "\r" in text:
@@ -134,17 +141,26 @@ def _windows(
     return tuple(window), tuple(tail)
 
 
-def _line_times(bundle: Any) -> dict[int, float]:
-    """Map line number -> receive wall time (seconds) from ``logs/lines.tsv``, if present."""
+def _line_times(bundle: Any, wanted: set[int] | None = None) -> dict[int, float]:
+    """Map line number -> receive wall time (seconds) from ``logs/lines.tsv``, if present.
+
+    With ``wanted``, only those lines and the first are kept and reading stops after the
+    last of them: memory and time follow what a report shows, not the member's size."""
     out: dict[int, float] = {}
     try:
         stream = bundle.open_member("logs/lines.tsv")
     except (KeyError, FileNotFoundError, BundleError, InputError):
         return out
+    last = max(wanted, default=1) if wanted is not None else None
     with stream:
-        for no, raw in enumerate(stream):
+        for no, raw in enumerate(_rows(stream)):
             if no == 0:
                 continue  # header row
+            if last is not None and wanted is not None:
+                if no > last:
+                    break
+                if no != 1 and no not in wanted:
+                    continue
             parts = raw.decode("utf-8", errors="replace").rstrip("\n").split("\t")
             if len(parts) >= 3:
                 try:
@@ -152,6 +168,16 @@ def _line_times(bundle: Any) -> dict[int, float]:
                 except ValueError:
                     continue
     return out
+
+
+def _rows(stream: Any, limit: int = 256) -> Iterator[bytes]:
+    """Rows of ``lines.tsv``, each cut at ``limit`` bytes (a real row is under 80): a hostile
+    row without a newline never fills memory."""
+    while row := stream.readline(limit):
+        if len(row) == limit and not row.endswith(b"\n"):
+            while (rest := stream.readline(limit)) and not rest.endswith(b"\n"):
+                pass
+        yield row
 
 
 def load(path: str | Path) -> Evidence:
@@ -187,8 +213,23 @@ def load(path: str | Path) -> Evidence:
             metrics=metrics,
             log_window=window,
             log_tail=tail,
-            line_times=_line_times(bundle),
+            line_times=_line_times(bundle, _lines_shown(analysis)),
         )
+
+
+def _lines_shown(analysis: Mapping[str, Any] | None) -> set[int]:
+    """The log lines whose receive time a report uses: stage bounds and the first failure."""
+    wanted: set[int] = set()
+    for stage in (analysis or {}).get("stages") or []:
+        if isinstance(stage, Mapping):
+            for key in ("first_line", "last_line"):
+                value = stage.get(key)
+                if isinstance(value, int) and value > 0:
+                    wanted.add(value)
+    ff = (analysis or {}).get("first_failure")
+    if isinstance(ff, Mapping) and isinstance(ff.get("line_no"), int):
+        wanted.add(int(ff["line_no"]))
+    return wanted
 
 
 def _analyze(bundle: Any, source: str) -> dict[str, Any] | None:

@@ -1,0 +1,127 @@
+"""Disk-full and SIGKILL paths never lose data silently: what is missing from the log is
+counted in the manifest's ``losses``; ``seal`` on a full disk says how much to free."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from progs.helpers import PY, base_env, capture_argv, prog
+
+from kk3evidence.bundle.archive import open_bundle, seal, validate
+from kk3evidence.bundle.ledger import LEDGER_NAME, read_ledger
+from kk3evidence.errors import BundleError
+
+
+def _kill_group_of(staging: Path) -> None:
+    with contextlib.suppress(OSError, ValueError, KeyError, ProcessLookupError):
+        os.killpg(json.loads((staging / "launch.json").read_text())["pid"], signal.SIGKILL)
+
+
+def _log_bytes_and_losses(bundle: Path) -> tuple[int, int, dict[str, object]]:
+    with open_bundle(bundle) as b:
+        size = b.member("logs/combined.log").size
+        lost = sum(
+            int(loss.get("bytes") or 0)
+            for loss in b.manifest["losses"]
+            if loss.get("member") == "logs/combined.log"
+        )
+        return size, lost, b.manifest
+
+
+@pytest.mark.slow
+def test_killed_during_a_flood_every_byte_shown_is_in_the_bundle_or_counted_lost(
+    tmp_path: Path,
+) -> None:
+    staging = tmp_path / "staging"
+    cmd = [
+        PY,
+        "-c",
+        "import os, time\nline = b'x' * 199 + b'\\n'\nfor _ in range(40):\n"
+        "    os.write(1, line * 5000)\nos.write(1, b'ready\\n')\ntime.sleep(600)",
+    ]
+    proc = subprocess.Popen(
+        capture_argv(tmp_path / "run.tar", cmd, ["--staging", str(staging), "--no-probe"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=base_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        shown = b""
+        while not shown.endswith(b"ready\n"):
+            chunk = os.read(proc.stdout.fileno(), 1 << 20)
+            assert chunk, "capture ended early"
+            shown += chunk
+        # Everything is on the terminal now; kill capture before its writer has caught up.
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=60)
+        _kill_group_of(staging)
+    assert (staging / LEDGER_NAME).exists()
+    sealed = seal(staging, tmp_path / "sealed.tar")
+    assert validate(sealed) == []
+    size, lost, manifest = _log_bytes_and_losses(sealed)
+    # Not a byte shown on the terminal is missing without being counted.
+    assert size + lost >= len(shown)
+    notes = {n["what"] for n in manifest["not_collected"]}  # type: ignore[union-attr]
+    assert "launch.json (end of run)" in notes
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs (root only; skipped elsewhere), unmounted afterwards."""
+    mnt = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
+    mnt.mkdir()
+    ran = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+        capture_output=True,
+        check=False,
+    )
+    if ran.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
+
+
+@pytest.mark.slow
+def test_disk_full_losses_are_recorded_and_seal_says_what_to_free(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    staging = small_disk / "run.tar.staging"
+    cmd = [PY, prog("flood.py"), "6"]
+    ran = subprocess.run(
+        capture_argv(small_disk / "run.tar", cmd, ["--no-probe"]),
+        capture_output=True,
+        env=base_env(),
+        timeout=300,
+        check=False,
+    )
+    assert ran.returncode == 0  # CMD's status: capture never fails the command
+    assert b"cannot record output" in ran.stderr
+    assert not (small_disk / "run.tar").exists()  # no room for the bundle
+    assert staging.is_dir()
+    ledger = read_ledger(staging)
+    assert ledger is not None and ledger["losses"]
+    # Still full: seal says how much to free and where, and keeps everything.
+    with pytest.raises(BundleError, match=r"needs about \d+ MiB"):
+        seal(staging, small_disk / "sealed.tar")
+    assert staging.is_dir()
+    # Written elsewhere: a valid bundle whose losses account for what is missing.
+    sealed = seal(staging, tmp_path / "sealed.tar")
+    assert validate(sealed) == []
+    size, lost, _ = _log_bytes_and_losses(sealed)
+    assert size < len(ran.stdout)
+    assert size + lost >= len(ran.stdout)
