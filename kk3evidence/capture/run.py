@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from kk3evidence.capture import fingerprint as fpmod
+from kk3evidence.capture import group as capture_group
 from kk3evidence.capture import http as probe
 from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
@@ -134,6 +135,7 @@ class CaptureOptions:
     analyze: bool = True
     scan_interval: float = 2.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    group: str | None = None  # --group ID|auto (None: derived only for a multi-node launch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,6 +506,7 @@ def run_capture(
         )
     request_body = _load_request(opts.request_file) if opts.request_file else None
     changes = [parse_change(c, created.isoformat()) for c in opts.changes]
+    grp = capture_group.resolve(opts.group, argv, env)
 
     redactor = _new_redactor()
     try:
@@ -511,6 +514,8 @@ def run_capture(
     except OSError as exc:
         raise CaptureError(f"cannot create the staging folder {staging}: {exc.strerror}") from exc
     run = _Run(opts, say, writer=writer, redactor=redactor, argv=argv, env=env)
+    if grp is not None:
+        _safe(run, "manifest group", lambda: writer.set_group(grp.to_json()))
     run.request_body = request_body
 
     # Learn every secret first (the whole environment, argv), so log lines that echo one are
@@ -518,7 +523,13 @@ def run_capture(
     redactor.env(env, where="environment")
     shown_argv = list(redactor.argv(argv))
     serve = run.serve = _serve_info(argv)
-    want_probe = opts.probe if opts.probe is not None else (serve is not None or bool(opts.url))
+    # a --headless node of a multi-node launch serves no API: nothing to poll
+    headless = serve is not None and serve.flags.get("headless") is True
+    want_probe = (
+        opts.probe
+        if opts.probe is not None
+        else ((serve is not None and not headless) or bool(opts.url))
+    )
     if want_probe:
         run.target = probe.api_target(argv, env, opts.url)
     launch: dict[str, Any] = run.launch
@@ -694,6 +705,12 @@ def run_capture(
     for loss in recorder.losses:
         _record_loss(writer, loss.to_json())
 
+    if grp is not None:
+        _safe(
+            run,
+            "manifest group",
+            lambda: writer.set_group(capture_group.with_end_sample(grp).to_json()),
+        )
     summary = _summary(run, launch, analysis_json, recorder.lines_written)
     bundle: Path | None = None
     try:

@@ -139,6 +139,13 @@ def _say(message: str) -> None:
     metavar="SECONDS",
     help="Time limit of the probe of CMD's Python side (torch, vLLM versions).",
 )
+@click.option(
+    "--group",
+    metavar="ID|auto",
+    help="Join the multi-node group ID (same on every node), or 'auto' to derive it from "
+    "vLLM's --nnodes/--node-rank or data-parallel flags, Slurm, a LeaderWorkerSet or Ray. "
+    "Default: derived when those show several nodes.",
+)
 @click.option("--no-analyze", is_flag=True, help="Do not analyze the log at the end.")
 @click.argument("cmd", nargs=-1, required=True, metavar="-- CMD...")
 @handle_errors
@@ -164,6 +171,7 @@ def command(
     grace: float,
     python_timeout: float,
     no_analyze: bool,
+    group: str | None,
     cmd: tuple[str, ...],
 ) -> None:
     """Run CMD unchanged and record it into an evidence bundle.
@@ -195,6 +203,7 @@ def command(
         grace=grace,
         python_timeout=python_timeout,
         analyze=not no_analyze,
+        group=group,
     )
     out, err = main_passthrough_sinks()
     result = run_capture(opts, out=out, err=err, say=_say)
