@@ -68,6 +68,17 @@ class Milestone:
 
 
 @dataclass(frozen=True, slots=True)
+class Mark:
+    """Where a milestone line is: line number, process, text, and the line number of the
+    same process's line before it (None when not in the same read block)."""
+
+    line_no: int
+    process: str | None
+    text: str
+    prev: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class GroupData:
     milestones: tuple[Milestone, ...]
     per_node_flags: frozenset[str]
@@ -145,7 +156,7 @@ class NodeRun:
     analysis: Analysis
     fingerprint: Mapping[str, Any]
     launch: Mapping[str, Any]
-    marks: dict[str, list[tuple[int, str | None, str]]]  # milestone -> (line_no, process), in order
+    marks: dict[str, list[Mark]]  # milestone name -> its lines, in order
     times: dict[int, float] = field(default_factory=dict)  # line_no -> node time (s)
     last_line_t: float | None = None
     ntp_offset_s: float | None = None
@@ -183,11 +194,11 @@ def _node_label(group: Mapping[str, Any] | None, index: int) -> tuple[str, int |
 
 def _scan_log(
     bundle: Bundle, engine: AnalysisEngine, marks: Sequence[Milestone]
-) -> dict[str, list[tuple[int, str | None, str]]]:
+) -> dict[str, list[Mark]]:
     """Feed the log to ``engine`` and note where each milestone line is (line number and
     process), with C-speed ``bytes.find`` on whole lines."""
     texts = [(m.name, m.text.encode()) for m in marks]
-    found: dict[str, list[tuple[int, str | None, str]]] = {m.name: [] for m in marks}
+    found: dict[str, list[Mark]] = {m.name: [] for m in marks}
     lines_before = 0
     carry = b""
     with bundle.open_member(_LOG) as fp:
@@ -202,7 +213,7 @@ def _scan_log(
     if carry:
         _find(carry + b"\n", lines_before, texts, found)
     for hits in found.values():
-        hits.sort()
+        hits.sort(key=lambda k: k.line_no)
     return found
 
 
@@ -210,7 +221,7 @@ def _find(
     block: bytes,
     lines_before: int,
     texts: Sequence[tuple[str, bytes]],
-    found: dict[str, list[tuple[int, str | None, str]]],
+    found: dict[str, list[Mark]],
 ) -> None:
     for name, text in texts:
         start = 0
@@ -219,7 +230,13 @@ def _find(
             hi = block.find(b"\n", pos)
             line_no = lines_before + block.count(b"\n", 0, lo) + 1
             line = parse_line(line_no, block[lo:hi])
-            found[name].append((line_no, line.process, line.text[:_MAX_TEXT]))
+            prev = None
+            if line.pid is not None:
+                # the same process's line before: printed before it entered the collective
+                at = block.rfind(b"pid=%d)" % line.pid, 0, lo)
+                if at >= 0:
+                    prev = lines_before + block.count(b"\n", 0, at) + 1
+            found[name].append(Mark(line_no, line.process, line.text[:_MAX_TEXT], prev))
             start = hi + 1
 
 
@@ -276,7 +293,8 @@ def load_node(path: str, index: int, ruleset: RuleSet | None = None) -> NodeRun:
         marks = _scan_log(bundle, engine, group_data().milestones)
         analysis = engine.finish()
         wanted = {f.line_no for f in analysis.findings}
-        wanted |= {n for hits in marks.values() for n, _p, _t in hits}
+        wanted |= {k.line_no for hits in marks.values() for k in hits}
+        wanted |= {k.prev for hits in marks.values() for k in hits if k.prev is not None}
         times, last = _read_times(bundle, wanted, (group or {}).get("clock"))
         return NodeRun(
             source=path,
@@ -296,23 +314,42 @@ def load_node(path: str, index: int, ruleset: RuleSet | None = None) -> NodeRun:
 
 
 # ----------------------------------------------------------------------------------- clocks
-def estimate_offset(node: NodeRun, ref: NodeRun) -> ClockOffset:
-    """``node``'s clock minus ``ref``'s, from the sync lines both printed (see module doc)."""
-    diffs: list[float] = []
+def _sync_pairs(node: NodeRun, ref: NodeRun) -> Iterator[tuple[Mark, Mark]]:
     for m in group_data().milestones:
-        if not m.sync:
+        if m.sync:
+            yield from zip(node.marks[m.name], ref.marks[m.name], strict=False)
+
+
+def estimate_offset(node: NodeRun, ref: NodeRun) -> ClockOffset:
+    """``node``'s clock minus ``ref``'s, from the sync lines both printed (see module doc).
+
+    Each pair gives a point estimate (the difference of the two sync lines) and, where both
+    nodes' previous lines of the same process are known, an interval the offset must lie in:
+    the collective cannot end on one node before the other node entered it, i.e. before that
+    node's previous line. The offset is the median estimate clipped into the intersection of
+    the intervals; the bound is its distance to the far end of the intersection.
+    """
+    diffs: list[float] = []
+    lo, hi = -float("inf"), float("inf")
+    for a, b in _sync_pairs(node, ref):
+        ta, tb = node.times.get(a.line_no), ref.times.get(b.line_no)
+        if ta is None or tb is None:
             continue
-        for (a, _pa, _ta), (b, _pb, _tb) in zip(
-            node.marks[m.name], ref.marks[m.name], strict=False
-        ):
-            ta, tb = node.times.get(a), ref.times.get(b)
-            if ta is not None and tb is not None:
-                diffs.append(ta - tb)
+        diffs.append(ta - tb)
+        pa = node.times.get(a.prev) if a.prev is not None else None
+        pb = ref.times.get(b.prev) if b.prev is not None else None
+        if pa is not None and pb is not None:
+            lo, hi = max(lo, pa - tb), min(hi, ta - pb)
     if not diffs:
         return ClockOffset(0.0, _ntp_bound(node, ref), "wall-clock", 0)
     mid = statistics.median(diffs)
+    if lo <= hi and hi - lo < float("inf"):
+        est = min(max(mid, lo), hi)
+        bound = max(est - lo, hi - est) + _SAMPLING_ERROR_S
+        return ClockOffset(est, bound, "shared-events", len(diffs))
+    # no interval (or contradictory ones): the spread of the estimates, honestly labelled
     spread = max(abs(d - mid) for d in diffs)
-    return ClockOffset(mid, spread + _SAMPLING_ERROR_S, "shared-events", len(diffs))
+    return ClockOffset(mid, spread + _SAMPLING_ERROR_S, "shared-events-spread", len(diffs))
 
 
 def _ntp_bound(node: NodeRun, ref: NodeRun) -> float | None:
@@ -343,7 +380,8 @@ def _death(node: NodeRun) -> Event | None:
         None,
         "other",
         "GROUP-DEATH",
-        f"{node.node}'s server was killed by {name} (no failure in its log; the time is its last line)",
+        f"{node.node}'s server was killed by {name} "
+        "(no failure in its log; the time is its last line)",
         None,
     )
 
@@ -367,7 +405,10 @@ def _candidates(
         if ff is not None:
             ev = _event(n, ff, "failure")
             if ev is not None:
-                (stalls if ff.basis == "stall" else stated).append((ev, ff))  # type: ignore[arg-type]
+                if ff.basis == "stall":
+                    stalls.append((ev, ff))
+                else:
+                    stated.append((ev, ff))
         death = _death(n)
         if death is not None:
             stated.append((death, None))
@@ -408,9 +449,7 @@ def _consequences(nodes: Sequence[NodeRun], first: Event, cause: Finding | None)
             if ev is None:
                 continue
             same_node = n.node == first.node
-            if same_node and cause is not None and f.kind == "consequence":
-                out.append(ev)
-            elif not same_node:
+            if (same_node and cause is not None and f.kind == "consequence") or not same_node:
                 out.append(ev)
     out.sort(key=lambda e: e.t)
     return out
@@ -421,10 +460,10 @@ def _matrix(nodes: Sequence[NodeRun], t0: float) -> list[dict[str, Any]]:
     rows: dict[tuple[str, str], dict[str, float]] = {}
     for n in nodes:
         for name, hits in n.marks.items():
-            for line_no, process, _text in hits:
-                t = n.t(line_no)
+            for k in hits:
+                t = n.t(k.line_no)
                 if t is not None:
-                    cell = rows.setdefault((n.node, process or "-"), {})
+                    cell = rows.setdefault((n.node, k.process or "-"), {})
                     cell.setdefault(name, round(t - t0, 3))
     return [
         {"node": node, "process": proc, "milestones": marks}
@@ -436,19 +475,19 @@ def _milestone_events(nodes: Sequence[NodeRun]) -> Iterator[Event]:
     stages = {m.name: m.stage for m in group_data().milestones}
     for n in nodes:
         for name, hits in n.marks.items():
-            for line_no, process, text in hits:
-                t = n.t(line_no)
+            for k in hits:
+                t = n.t(k.line_no)
                 if t is not None:
                     yield Event(
                         t,
                         n.node,
-                        line_no,
+                        k.line_no,
                         "milestone",
                         stages[name],
                         None,
                         f"milestone:{name}",
-                        text,
-                        process,
+                        k.text,
+                        k.process,
                     )
 
 

