@@ -1,0 +1,138 @@
+"""Group analysis over the bundles of real two-node CPU starts of vLLM 0.32.0 on one host
+(``tests/data/realruns/group_*``, recorded by ``tests/e2e/twonode.py``; host paths rewritten):
+``healthy`` (both nodes up, the fixed request answered), ``killed`` (node 1's vLLM SIGKILLed
+while loading the model), ``env`` (node 1 with an extra ``VLLM_*`` variable).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from kk3evidence._resources import read_text
+from kk3evidence.analysis import group
+from kk3evidence.errors import InputError
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "realruns"
+
+
+def _paths(run: str) -> list[str]:
+    return [str(DATA / f"group_{run}" / f"node{i}.tar") for i in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def healthy() -> group.GroupAnalysis:
+    return group.analyze_group(_paths("healthy"))
+
+
+@pytest.fixture(scope="module")
+def killed() -> group.GroupAnalysis:
+    return group.analyze_group(_paths("killed"))
+
+
+def test_healthy_group_has_no_failure_and_one_timeline(healthy: group.GroupAnalysis) -> None:
+    assert healthy.first_failure is None
+    assert healthy.consistency == ()
+    nodes = {e.node for e in healthy.timeline}
+    assert nodes == {"node0", "node1"}
+    times = [e.t for e in healthy.timeline]
+    assert times == sorted(times)
+    names = [e.rule for e in healthy.timeline if e.node == "node0"]
+    assert names[-1] == "milestone:api-ready"
+
+
+def test_offset_on_one_host_is_within_its_bound(healthy: group.GroupAnalysis,
+                                                killed: group.GroupAnalysis) -> None:
+    # both "nodes" share one clock: the true offset is 0, the estimate must allow it
+    for g in (healthy, killed):
+        node1 = g.nodes[1]
+        assert node1.offset.method == "shared-events"
+        assert node1.offset.bound_s is not None
+        assert abs(node1.offset.offset_s) <= node1.offset.bound_s
+
+
+def test_matrix_has_each_rank_and_the_sync_milestones(healthy: group.GroupAnalysis) -> None:
+    rows = {(r["node"], r["process"]): r["milestones"] for r in healthy.matrix}
+    tp1 = next(v for (n, p), v in rows.items() if n == "node1" and p.startswith("Worker_TP1"))
+    tp0 = next(v for (n, p), v in rows.items() if n == "node0" and p.startswith("Worker_TP0"))
+    assert {"load-start", "weights-loaded", "profiled"} <= set(tp1) & set(tp0)
+    # the profiling pass ends together on both ranks once clocks are corrected
+    assert abs(tp1["profiled"] - tp0["profiled"]) < 0.05
+
+
+def test_killed_node_is_the_first_failure_and_node0_errors_are_consequences(
+    killed: group.GroupAnalysis,
+) -> None:
+    ff = killed.first_failure
+    assert ff is not None
+    assert (ff.node, ff.kind, ff.rule) == ("node1", "death", "GROUP-DEATH")
+    assert "SIGKILL" in ff.text
+    assert killed.consequences
+    assert {c.node for c in killed.consequences} == {"node0"}
+    assert all(c.t >= ff.t for c in killed.consequences)
+    texts = " ".join(c.text for c in killed.consequences)
+    assert "Connection closed by peer" in texts
+    assert "Engine core initialization failed" in texts
+
+
+def test_node0_alone_blames_a_peer_but_the_group_names_node1(killed: group.GroupAnalysis) -> None:
+    alone = killed.nodes[0].analysis.first_failure
+    assert alone is not None and alone.rule == "CSQ006"  # an echo of a peer's death
+
+
+def test_group_json_is_a_valid_analysis_with_the_node_named(killed: group.GroupAnalysis) -> None:
+    out = group.to_json(killed)
+    schema = json.loads(read_text("schemas", "analysis.schema.json"))
+    jsonschema.validate(out, schema)
+    assert out["first_failure"]["node"] == "node1"
+    assert out["group"]["id"] == "twonode"
+    assert [n["node"] for n in out["group"]["nodes"]] == ["node0", "node1"]
+    assert all(c["node"] == "node0" for c in out["consequences"])
+
+
+def test_healthy_json_validates(healthy: group.GroupAnalysis) -> None:
+    out = group.to_json(healthy)
+    jsonschema.validate(out, json.loads(read_text("schemas", "analysis.schema.json")))
+    assert out["first_failure"] is None
+    assert out["group"]["nodes"][1]["clock"]["pairs"] == 2
+
+
+def test_text_and_markdown_name_the_node(killed: group.GroupAnalysis) -> None:
+    text = group.render_text(killed)
+    assert "First causal failure: node1" in text
+    md = group.render_markdown(killed)
+    assert "node **node1**" in md
+
+
+def test_consistency_names_the_differing_version() -> None:
+    g = group.analyze_group(_paths("healthy"))
+    n0, n1 = g.nodes
+    n0.fingerprint = {**n0.fingerprint, "python": {"nccl_version": "2.28.9"}}
+    n1.fingerprint = {**n1.fingerprint, "python": {"nccl_version": "2.30.7"}}
+    found = group.consistency([n0, n1])
+    (diff,) = [d for d in found if d["what"] == "python.nccl_version"]
+    assert diff["message"] == "node1 runs NCCL 2.30.7; node0 runs NCCL 2.28.9"
+
+
+def test_consistency_ignores_per_node_flags_but_not_dtype() -> None:
+    g = group.analyze_group(_paths("healthy"))
+    n0, n1 = g.nodes
+    argv = list(n1.launch["argv"])
+    argv[argv.index("--dtype") + 1] = "bfloat16"
+    n1.launch = {**n1.launch, "argv": argv}
+    found = group.consistency([n0, n1])
+    assert [d["what"] for d in found] == ["argv.dtype"]
+    assert "node1 runs --dtype bfloat16" in found[0]["message"]
+
+
+def test_one_bundle_is_not_a_group() -> None:
+    with pytest.raises(InputError, match="at least two"):
+        group.analyze_group(_paths("healthy")[:1])
+
+
+def test_missing_bundle_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such file"):
+        group.analyze_group([_paths("healthy")[0], str(tmp_path / "nope.tar")])
