@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kk3evidence._resources import read_text
 from kk3evidence.analysis.engine import BLOCK_SIZE, AnalysisEngine
@@ -539,6 +539,45 @@ def _check_membership(nodes: Sequence[NodeRun]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ consistency
+class NodeLike(Protocol):
+    """What the consistency check reads of a node (a :class:`NodeRun` or :class:`NodeFacts`)."""
+
+    @property
+    def node(self) -> str: ...
+    @property
+    def fingerprint(self) -> Mapping[str, Any]: ...
+    @property
+    def launch(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """A node's bundle without its log: enough for the consistency check and for pairing."""
+
+    source: str
+    node: str
+    rank: int | None
+    group_id: str | None
+    fingerprint: Mapping[str, Any]
+    launch: Mapping[str, Any]
+
+
+def load_facts(paths: Sequence[str]) -> list[NodeFacts]:
+    """Open each bundle (verified) and keep its group, fingerprint and launch, rank order."""
+    out: list[NodeFacts] = []
+    for i, path in enumerate(paths):
+        if not Path(path).exists():
+            raise InputError(f"{path}: no such file; give the bundles of one group")
+        with open_bundle(path) as b:
+            node, rank = _node_label(b.group, i)
+            out.append(
+                NodeFacts(
+                    path, node, rank, (b.group or {}).get("id"), b.fingerprint or {}, b.launch or {}
+                )
+            )
+    return out
+
+
 #: (fingerprint path, what it is called in a sentence)
 _FIELDS: tuple[tuple[tuple[str, str], str], ...] = (
     (("container", "image_id"), "image id"),
@@ -575,7 +614,7 @@ def _difference(what: str, kind: str, values: Mapping[str, str], say: str) -> di
     return {"what": what, "kind": kind, "values": dict(values), "message": message}
 
 
-def _version_findings(nodes: Sequence[NodeRun]) -> Iterator[dict[str, Any]]:
+def _version_findings(nodes: Sequence[NodeLike]) -> Iterator[dict[str, Any]]:
     for path, label in _FIELDS:
         values = {n.node: v for n in nodes if (v := _get(n.fingerprint, path)) is not None}
         if len(values) > 1:
@@ -584,7 +623,7 @@ def _version_findings(nodes: Sequence[NodeRun]) -> Iterator[dict[str, Any]]:
                 yield found
 
 
-def _env_findings(nodes: Sequence[NodeRun], skip: frozenset[str]) -> Iterator[dict[str, Any]]:
+def _env_findings(nodes: Sequence[NodeLike], skip: frozenset[str]) -> Iterator[dict[str, Any]]:
     envs = {n.node: n.fingerprint.get("env") or {} for n in nodes}
     names = sorted(
         {k for env in envs.values() for k in env if k.startswith(_ENV_PREFIXES) and k not in skip}
@@ -611,7 +650,7 @@ def _flags(launch: Mapping[str, Any], skip: frozenset[str]) -> dict[str, str] | 
     return flags
 
 
-def _argv_findings(nodes: Sequence[NodeRun], skip: frozenset[str]) -> Iterator[dict[str, Any]]:
+def _argv_findings(nodes: Sequence[NodeLike], skip: frozenset[str]) -> Iterator[dict[str, Any]]:
     per_node = {n.node: f for n in nodes if (f := _flags(n.launch, skip)) is not None}
     names = sorted({k for f in per_node.values() for k in f})
     for name in names:
@@ -622,7 +661,7 @@ def _argv_findings(nodes: Sequence[NodeRun], skip: frozenset[str]) -> Iterator[d
             yield found
 
 
-def consistency(nodes: Sequence[NodeRun]) -> list[dict[str, Any]]:
+def consistency(nodes: Sequence[NodeLike]) -> list[dict[str, Any]]:
     """Every difference between the nodes that should not differ in one launch."""
     data = group_data()
     return [

@@ -6,7 +6,9 @@ import sys
 
 import click
 
+from kk3evidence.errors import UsageError
 from kk3evidence.handoff.diff import DiffResult, diff
+from kk3evidence.handoff.group import diff_groups
 
 from ._common import echo_json, handle_errors
 
@@ -40,20 +42,44 @@ def _human(result: DiffResult) -> str:
 
 
 @click.command(name="diff")
-@click.argument("bundle_a", metavar="A", type=click.Path(dir_okay=False))
-@click.argument("bundle_b", metavar="B", type=click.Path(dir_okay=False))
+@click.argument("bundles", nargs=-1, required=True, metavar="A B | A0 A1.. B0 B1..",
+                type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @handle_errors
-def command(bundle_a: str, bundle_b: str, as_json: bool) -> None:
+def command(bundles: tuple[str, ...], as_json: bool) -> None:
     """Compare two bundles: fingerprint, launch flags, environment, request and outcome.
 
     Counts the variables that changed (outcome differences and noise such as pids,
     timestamps, GPU memory in use and random ports are not variables). Exit 0 when at most
     one variable changed (it is named), 5 when several changed (each is named).
+
+    Two groups (more than two bundles): told apart by the group ids in their manifests, else
+    the first half of the bundles is A and the second half B; node N of A is compared with
+    node N of B, and the verdict counts the variables changed on any node.
     """
-    result = diff(bundle_a, bundle_b)
+    if len(bundles) > 2:
+        _groups(bundles, as_json)
+        return
+    if len(bundles) != 2:
+        raise UsageError("diff needs two bundles (A B) or the bundles of two groups")
+    result = diff(bundles[0], bundles[1])
     if as_json:
         echo_json(result.to_json())
     else:
         click.echo(_human(result))
+    sys.exit(result.exit_code)
+
+
+def _groups(bundles: tuple[str, ...], as_json: bool) -> None:
+    result = diff_groups(bundles)
+    if as_json:
+        echo_json(result.to_json())
+    else:
+        for node, d in result.pairs:
+            click.echo(f"== {node}")
+            click.echo(_human(d))
+            click.echo("")
+        for u in result.unpaired:
+            click.echo(f"unpaired: {u}")
+        click.echo(f"Group verdict: {result.summary()}")
     sys.exit(result.exit_code)
