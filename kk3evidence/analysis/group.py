@@ -599,7 +599,9 @@ def _get(doc: Mapping[str, Any], path: tuple[str, str]) -> str | None:
     return None if value is None else str(value)
 
 
-def _difference(what: str, kind: str, values: Mapping[str, str], say: str) -> dict[str, Any] | None:
+def _difference(
+    what: str, kind: str, values: Mapping[str, str], say: str, absent: str = "has no {what}"
+) -> dict[str, Any] | None:
     """One finding when the nodes disagree; ``say`` formats "<node> runs <say>" per value."""
     distinct = sorted(set(values.values()))
     if len(distinct) < 2:
@@ -608,10 +610,14 @@ def _difference(what: str, kind: str, values: Mapping[str, str], say: str) -> di
     nodes = sorted(values)
     ref_node = nodes[0]
     parts = [
-        f"{n} {say.format(value=values[n])}" for n in nodes[1:] if values[n] != values[ref_node]
+        f"{n} {_say(say, absent, values[n])}" for n in nodes[1:] if values[n] != values[ref_node]
     ]
-    message = ", ".join(parts) + f"; {ref_node} {say.format(value=values[ref_node])}"
+    message = ", ".join(parts) + f"; {ref_node} {_say(say, absent, values[ref_node])}"
     return {"what": what, "kind": kind, "values": dict(values), "message": message}
+
+
+def _say(say: str, absent: str, value: str) -> str:
+    return absent if value == _ABSENT else say.format(value=value)
 
 
 def _version_findings(nodes: Sequence[NodeLike]) -> Iterator[dict[str, Any]]:
@@ -632,7 +638,9 @@ def _env_findings(nodes: Sequence[NodeLike], skip: frozenset[str]) -> Iterator[d
         values = {node: str(env.get(name, _ABSENT)) for node, env in envs.items()}
         if any(v.startswith("<redacted:") for v in values.values()):
             values = {k: ("<redacted>" if v != _ABSENT else v) for k, v in values.items()}
-        found = _difference(f"env.{name}", "env", values, f"has {name}={{value}}")
+        found = _difference(
+            f"env.{name}", "env", values, f"has {name}={{value}}", f"does not set {name}"
+        )
         if found:
             yield found
 
@@ -656,7 +664,9 @@ def _argv_findings(nodes: Sequence[NodeLike], skip: frozenset[str]) -> Iterator[
     for name in names:
         values = {node: f.get(name, _ABSENT) for node, f in per_node.items()}
         shown = name if name.startswith("(") else f"--{name}"
-        found = _difference(f"argv.{name}", "argv", values, f"runs {shown} {{value}}")
+        found = _difference(
+            f"argv.{name}", "argv", values, f"runs {shown} {{value}}", f"runs without {shown}"
+        )
         if found:
             yield found
 

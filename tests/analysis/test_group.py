@@ -44,8 +44,9 @@ def test_healthy_group_has_no_failure_and_one_timeline(healthy: group.GroupAnaly
     assert names[-1] == "milestone:api-ready"
 
 
-def test_offset_on_one_host_is_within_its_bound(healthy: group.GroupAnalysis,
-                                                killed: group.GroupAnalysis) -> None:
+def test_offset_on_one_host_is_within_its_bound(
+    healthy: group.GroupAnalysis, killed: group.GroupAnalysis
+) -> None:
     # both "nodes" share one clock: the true offset is 0, the estimate must allow it
     for g in (healthy, killed):
         node1 = g.nodes[1]
@@ -136,3 +137,42 @@ def test_one_bundle_is_not_a_group() -> None:
 def test_missing_bundle_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such file"):
         group.analyze_group([_paths("healthy")[0], str(tmp_path / "nope.tar")])
+
+
+def test_real_node_with_another_vllm_variable_is_named() -> None:
+    g = group.analyze_group(_paths("env"))
+    assert g.first_failure is None
+    (diff,) = g.consistency
+    assert diff["what"] == "env.VLLM_ENGINE_READY_TIMEOUT_S"
+    assert diff["message"] == (
+        "node1 has VLLM_ENGINE_READY_TIMEOUT_S=900; node0 does not set VLLM_ENGINE_READY_TIMEOUT_S"
+    )
+
+
+def test_cli_analyze_check_report_diff_take_a_group(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "kk3evidence", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    killed = _paths("killed")
+    r = cli("analyze", "--json", *killed)
+    assert r.returncode == 3 and json.loads(r.stdout)["first_failure"]["node"] == "node1"
+    r = cli("check", *_paths("env"))
+    assert r.returncode == 6 and "VLLM_ENGINE_READY_TIMEOUT_S" in r.stdout
+    r = cli("check", *_paths("healthy"))
+    assert r.returncode == 0, r.stdout
+    r = cli("report", *killed)
+    assert r.returncode == 0 and "node **node1**" in r.stdout and "Hand-off of node1" in r.stdout
+    r = cli("diff", "--json", *_paths("healthy"), *_paths("env"))
+    out = json.loads(r.stdout)
+    assert [p["node"] for p in out["pairs"]] == ["node0", "node1"]
+    assert any("VLLM_ENGINE_READY_TIMEOUT_S" in v for v in out["variables"])
+    r = cli("analyze", "-", killed[0])
+    assert r.returncode == 2 and "stdin" in r.stderr

@@ -28,8 +28,19 @@ REPO = Path(__file__).resolve().parents[2]
 PRINTER = REPO / "tests" / "progs" / "printer.py"
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
-VLLM = ["vllm", "serve", "/models/tiny", "--tensor-parallel-size", "2", "--nnodes", "2",
-        "--master-addr", "10.0.0.5", "--master-port", "29650"]
+VLLM = [
+    "vllm",
+    "serve",
+    "/models/tiny",
+    "--tensor-parallel-size",
+    "2",
+    "--nnodes",
+    "2",
+    "--master-addr",
+    "10.0.0.5",
+    "--master-port",
+    "29650",
+]
 
 # a 2-node `srun --ntasks-per-node=1` step of job 4242, as seen on its second node
 SLURM_NODE1 = {
@@ -73,19 +84,41 @@ def test_vllm_flags_give_the_same_id_on_head_and_headless_worker() -> None:
 
 
 def test_data_parallel_flags_give_node_rank_from_start_rank() -> None:
-    argv = ["vllm", "serve", "m", "--data-parallel-size", "16", "--data-parallel-size-local", "8",
-            "--data-parallel-start-rank", "8", "--data-parallel-address", "10.0.0.5",
-            "--data-parallel-rpc-port", "13345", "--headless"]
+    argv = [
+        "vllm",
+        "serve",
+        "m",
+        "--data-parallel-size",
+        "16",
+        "--data-parallel-size-local",
+        "8",
+        "--data-parallel-start-rank",
+        "8",
+        "--data-parallel-address",
+        "10.0.0.5",
+        "--data-parallel-rpc-port",
+        "13345",
+        "--headless",
+    ]
     info = group.resolve(None, argv, {}, clock={})
     assert info is not None
     assert (info.group_id, info.node_rank, info.nnodes, info.source) == (
-        "vllm-dp-10.0.0.5-13345", 1, 2, "vllm-dp")
+        "vllm-dp-10.0.0.5-13345",
+        1,
+        2,
+        "vllm-dp",
+    )
 
 
 def test_slurm_documented_variables() -> None:
     info = group.resolve(None, ["python", "serve.py"], SLURM_NODE1, clock={})
     assert info is not None
-    assert (info.group_id, info.node_rank, info.nnodes, info.source) == ("slurm-4242.0", 1, 2, "slurm")
+    assert (info.group_id, info.node_rank, info.nnodes, info.source) == (
+        "slurm-4242.0",
+        1,
+        2,
+        "slurm",
+    )
     assert info.detail["slurm.SLURMD_NODENAME"] == "gpu018"
 
 
@@ -182,9 +215,25 @@ def test_clock_evidence_has_a_pair_and_says_why_ntp_is_missing() -> None:
 def test_real_capture_with_group_writes_the_manifest_group(tmp_path: Path) -> None:
     bundle = tmp_path / "n1.tar"
     proc = subprocess.run(
-        [sys.executable, "-m", "kk3evidence", "capture", "-o", str(bundle), "--group", "g-1",
-         "--no-probe", "--", sys.executable, str(PRINTER), "--lines", "3"],
-        capture_output=True, check=False, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "kk3evidence",
+            "capture",
+            "-o",
+            str(bundle),
+            "--group",
+            "g-1",
+            "--no-probe",
+            "--",
+            sys.executable,
+            str(PRINTER),
+            "--lines",
+            "3",
+        ],
+        capture_output=True,
+        check=False,
+        cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **SLURM_NODE1},
     )
     assert proc.returncode == 0, proc.stderr

@@ -16,7 +16,7 @@ from kk3evidence.analysis import group
 from kk3evidence.bundle.archive import open_bundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import twonode  # noqa: E402
+import twonode
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -28,7 +28,8 @@ def _run(vllm_cpu: object, tmp_path: Path, scenario: str) -> twonode.GroupRun:
 def _analyze_cli(paths: list[Path]) -> tuple[int, dict[str, object]]:
     proc = subprocess.run(
         [sys.executable, "-m", "kk3evidence", "analyze", "--json", *map(str, paths)],
-        capture_output=True, check=False,
+        capture_output=True,
+        check=False,
     )
     return proc.returncode, json.loads(proc.stdout)
 

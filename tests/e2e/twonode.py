@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import selectors
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+
+from kk3evidence.bundle.archive import BundleWriter, open_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = Path(os.environ.get("KK3_VLLM_LOCK", "/tmp/kk3-vllm.lock"))
@@ -73,10 +78,31 @@ def lock() -> Iterator[None]:
 
 
 def _argv(vllm: str, model: str, out: Path, rank: int, port: int, master: int, extra: list[str]):
-    serve = [vllm, "serve", model, "--served-model-name", "tiny", "--dtype", "float32",
-             "--max-model-len", "512", "--tensor-parallel-size", "2", "--nnodes", "2",
-             "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port",
-             str(master), "--host", "127.0.0.1", "--port", str(port)]
+    serve = [
+        vllm,
+        "serve",
+        model,
+        "--served-model-name",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "512",
+        "--tensor-parallel-size",
+        "2",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(master),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     if rank == 1:
         serve.append("--headless")
     for i in range(0, len(extra), 2):  # replace a flag's value, or append the flag
@@ -98,7 +124,9 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
-def run_group(vllm: str, model: str, outdir: Path, scenario: str, deadline_s: float = 560) -> GroupRun:
+def run_group(
+    vllm: str, model: str, outdir: Path, scenario: str, deadline_s: float = 560
+) -> GroupRun:
     outdir.mkdir(parents=True, exist_ok=True)
     port, master = _free(HTTP_PORTS), _free(MASTER_PORTS)
     env0 = dict(os.environ, **ENV)
@@ -159,19 +187,6 @@ def run_group(vllm: str, model: str, outdir: Path, scenario: str, deadline_s: fl
     return GroupRun(b0, b1, rc0, rc1, bytes(outs[p0.pid]), bytes(outs[p1.pid]))
 
 
-if __name__ == "__main__":
-    scen, out = sys.argv[1], Path(sys.argv[2])
-    res = run_group(os.environ["KK3_VLLM_BIN"], os.environ["KK3_TINY_MODEL"], out, scen)
-    (out / "node0.out").write_bytes(res.out0)
-    (out / "node1.out").write_bytes(res.out1)
-    print(f"node0 rc={res.rc0} node1 rc={res.rc1}")
-    if len(sys.argv) > 3:  # also store both bundles as fixtures in this folder
-        keep = Path(sys.argv[3])
-        keep.mkdir(parents=True, exist_ok=True)
-        for node in ("node0", "node1"):
-            store_fixture(out / f"{node}.tar", keep / f"{node}.tar", out)
-
-
 # Host paths in the recorded bundles are rewritten before they become fixtures (same meaning,
 # no machine-specific folders); logs/lines.tsv offsets are recomputed for the new line lengths.
 REWRITES: tuple[tuple[bytes, bytes], ...] = (
@@ -191,15 +206,11 @@ def _rewrite(data: bytes, extra: tuple[tuple[bytes, bytes], ...]) -> bytes:
 
 def store_fixture(src: Path, dst: Path, run_dir: Path) -> None:
     """Copy bundle ``src`` to ``dst`` with host paths rewritten (see REWRITES)."""
-    import json
-    import tempfile
-
-    from kk3evidence.bundle.archive import BundleWriter, open_bundle
-
     extra = ((str(run_dir).encode(), b"/tmp/run"),)
     with open_bundle(src) as b, tempfile.TemporaryDirectory() as tmp:
-        w = BundleWriter(Path(tmp) / "staging", bundle_id=b.bundle_id,
-                         created=_created(b.manifest["created"]))
+        w = BundleWriter(
+            Path(tmp) / "staging", bundle_id=b.bundle_id, created=_created(b.manifest["created"])
+        )
         log = _rewrite(b.read_bytes("logs/combined.log"), extra)
         for name in b.names():
             data = _rewrite(b.read_bytes(name), extra)
@@ -219,9 +230,7 @@ def store_fixture(src: Path, dst: Path, run_dir: Path) -> None:
         w.finalize(dst, redactions=b.redactions)
 
 
-def _created(text: str):  # noqa: ANN202 - datetime, imported lazily
-    from datetime import datetime
-
+def _created(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
@@ -236,3 +245,16 @@ def _reindex(tsv: bytes, log: bytes) -> bytes:
         out.append(b"\t".join(parts))
         offset += len(lines[i]) + 1 if i < len(lines) else 0
     return b"\n".join(out) + b"\n"
+
+
+if __name__ == "__main__":
+    scen, out = sys.argv[1], Path(sys.argv[2])
+    res = run_group(os.environ["KK3_VLLM_BIN"], os.environ["KK3_TINY_MODEL"], out, scen)
+    (out / "node0.out").write_bytes(res.out0)
+    (out / "node1.out").write_bytes(res.out1)
+    print(f"node0 rc={res.rc0} node1 rc={res.rc1}")
+    if len(sys.argv) > 3:  # also store both bundles as fixtures in this folder
+        keep = Path(sys.argv[3])
+        keep.mkdir(parents=True, exist_ok=True)
+        for node in ("node0", "node1"):
+            store_fixture(out / f"{node}.tar", keep / f"{node}.tar", out)
