@@ -958,7 +958,7 @@ def _probe(run: _Run) -> None:
             )
         after, merr = probe.fetch_metrics(client, target, auth)
         _save_metrics(run, writer, "after", after, merr)
-    if not opts.stop_after_request and not run.child_exited.is_set():
+    if not opts.stop_after_request and not run.child_exited.is_set() and run.pgid is not None:
         run.say("requests done; the server keeps running (Ctrl-C stops it and ends the capture)")
     if opts.stop_after_request and not run.child_exited.is_set():
         run.stopped_by = "stop-after-request"
