@@ -24,6 +24,7 @@ _COMMANDS: dict[str, str] = {
     "check": "_check",
     "report": "_report",
     "compare": "_compare",
+    "merge": "_merge",
     "minimize": "_minimize",
     "ladder": "_ladder",
     "rules": "_rules",

@@ -14,6 +14,7 @@ from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, UsageError
 from kk3evidence.model import Analysis, Finding
 
 from ._common import echo_json, handle_errors
+from ._merge import expand
 
 _MAX_CONSEQUENCES_SHOWN = 12
 
@@ -157,7 +158,8 @@ def command(
     SOURCE is a bundle (.tar, .tar.gz, .tgz), a plain log file (gzip-compressed too), or '-'
     for stdin. The log is streamed: memory stays flat however large it is.
 
-    Several bundles of one multi-node launch (a group, see capture --group) are read as one
+    Several bundles of one multi-node launch (a group, see capture --group), or one group
+    archive written by merge, are read as one
     run: one timeline across nodes with per-node clock offsets, the first causal failure with
     its node, the other nodes' errors as its consequences, a node x process x milestone matrix
     and a consistency check of versions, environment and argv across the nodes.
@@ -168,9 +170,10 @@ def command(
     if as_json and as_md:
         raise UsageError("--json and --markdown are exclusive; pick one output form")
     ruleset = load_rule_files(list(rule_paths), with_shipped=True) if rule_paths else None
-    if len(sources) > 1:
-        _group(sources, as_json=as_json, as_md=as_md, ruleset=ruleset)
-        return
+    with expand(sources) as paths:
+        if len(paths) > 1:
+            _group(tuple(paths), as_json=as_json, as_md=as_md, ruleset=ruleset)
+            return
     result = analyze(sources[0], context=context, ruleset=ruleset)
     if as_json:
         echo_json(spec_json(result))

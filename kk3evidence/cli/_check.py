@@ -10,6 +10,7 @@ from kk3evidence.handoff.compat import CheckResult, check
 from kk3evidence.handoff.group import check_group
 
 from ._common import echo_json, handle_errors
+from ._merge import expand
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "????"}
 
@@ -53,13 +54,14 @@ def command(bundles: tuple[str, ...], recipe: str | None, as_json: bool) -> None
     Every rule ends pass, fail or unknown with the evidence it used and its source URL and
     date. Exit 0 when no error-level rule fails, 6 when one does.
 
-    Several bundles of one group: each node is checked, and the nodes must agree on image,
-    vLLM/PyTorch/NCCL versions, driver, NCCL_*/GLOO_*/VLLM_* environment and argv (apart from
-    per-node flags); any difference fails the group (exit 6).
+    Several bundles of one group (or its merge archive): each node is checked, and the nodes
+    must agree on image, vLLM/PyTorch/NCCL versions, driver, NCCL_*/GLOO_*/VLLM_* environment
+    and argv (apart from per-node flags); any difference fails the group (exit 6).
     """
-    if len(bundles) > 1:
-        _group(bundles, recipe, as_json)
-        return
+    with expand(bundles) as paths:
+        if len(paths) > 1:
+            _group(tuple(paths), recipe, as_json)
+            return
     result = check(bundles[0], recipe)
     if as_json:
         echo_json(result.to_json())

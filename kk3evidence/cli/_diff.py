@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
+from kk3evidence.bundle.grouparchive import is_group_archive
 from kk3evidence.errors import UsageError
 from kk3evidence.handoff.diff import DiffResult, diff
-from kk3evidence.handoff.group import diff_groups
+from kk3evidence.handoff.group import GroupDiff, diff_group_sets, diff_groups
 
 from ._common import echo_json, handle_errors
+from ._merge import expand
 
 
 def _human(result: DiffResult) -> str:
@@ -54,11 +57,17 @@ def command(bundles: tuple[str, ...], as_json: bool) -> None:
     one variable changed (it is named), 5 when several changed (each is named).
 
     Two groups (more than two bundles): told apart by the group ids in their manifests, else
-    the first half of the bundles is A and the second half B; node N of A is compared with
-    node N of B, and the verdict counts the variables changed on any node.
+    the first half of the bundles is A and the second half B (or two merge archives); node N
+    of A is compared with node N of B, and the verdict counts the variables changed on any
+    node.
     """
+    archives = [b for b in bundles if Path(b).is_file() and is_group_archive(b)]
+    if len(bundles) == 2 and len(archives) == 2:
+        with expand((bundles[0],)) as a, expand((bundles[1],)) as b:
+            _show_groups(diff_group_sets(a, b), as_json)
+        return
     if len(bundles) > 2:
-        _groups(bundles, as_json)
+        _show_groups(diff_groups(bundles), as_json)
         return
     if len(bundles) != 2:
         raise UsageError("diff needs two bundles (A B) or the bundles of two groups")
@@ -70,8 +79,7 @@ def command(bundles: tuple[str, ...], as_json: bool) -> None:
     sys.exit(result.exit_code)
 
 
-def _groups(bundles: tuple[str, ...], as_json: bool) -> None:
-    result = diff_groups(bundles)
+def _show_groups(result: GroupDiff, as_json: bool) -> None:
     if as_json:
         echo_json(result.to_json())
     else:

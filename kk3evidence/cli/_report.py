@@ -12,6 +12,7 @@ from kk3evidence.handoff.report.i18n import LANGS
 from kk3evidence.handoff.report.markdown import FORMATS, render_report
 
 from ._common import handle_errors
+from ._merge import expand
 
 
 @click.command(name="report")
@@ -39,14 +40,16 @@ def command(  # noqa: PLR0917 - one parameter per click option
     --baseline, compatibility boundaries, the guide's 11-item checklist evaluated from the
     evidence (pass / fail / unknown and why), and the reproducibility limits of online serving.
 
-    Several bundles of one group: the group analysis (merged timeline, first failure with its
-    node, consistency across nodes), then the hand-off of the node that failed first.
+    Several bundles of one group (or its merge archive): the group analysis (merged timeline,
+    first failure with its node, consistency across nodes), then the hand-off of the node that
+    failed first.
     """
-    if len(bundles) > 1:
-        if fmt != "markdown" or baseline:
-            raise UsageError("a group report (several bundles) is markdown, without --baseline")
-        doc = report_group(bundles, lang=lang, recipe=recipe)
-    else:
+    with expand(bundles) as paths:
+        if len(paths) > 1:
+            if fmt != "markdown" or baseline:
+                raise UsageError("a group report (several bundles) is markdown, no --baseline")
+            doc = report_group(paths, lang=lang, recipe=recipe)
+    if len(paths) == 1:
         doc = render_report(bundles[0], baseline=baseline, fmt=fmt,  # type: ignore[arg-type]
                             lang=lang, recipe=recipe)  # type: ignore[arg-type]
     if output:

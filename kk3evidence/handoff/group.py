@@ -101,6 +101,15 @@ def split_groups(paths: Sequence[str]) -> tuple[list[_group.NodeFacts], list[_gr
 
 def diff_groups(paths: Sequence[str]) -> GroupDiff:
     a, b = split_groups(paths)
+    return _pair(a, b)
+
+
+def diff_group_sets(a_paths: Sequence[str], b_paths: Sequence[str]) -> GroupDiff:
+    """Group A's bundles against group B's, node by node."""
+    return _pair(_group.load_facts(a_paths), _group.load_facts(b_paths))
+
+
+def _pair(a: list[_group.NodeFacts], b: list[_group.NodeFacts]) -> GroupDiff:
     by_node_b = {f.node: f for f in b}
     pairs: list[tuple[str, DiffResult]] = []
     unpaired: list[str] = []
