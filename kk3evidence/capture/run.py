@@ -42,6 +42,7 @@ from typing import Any, cast
 from kk3evidence.capture import fingerprint as fpmod
 from kk3evidence.capture import group as capture_group
 from kk3evidence.capture import http as probe
+from kk3evidence.capture import raylogs
 from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
 from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
@@ -565,10 +566,11 @@ def run_capture(
 
     log_stream = writer.open_stream("logs/combined.log")
     index_stream = writer.open_stream("logs/lines.tsv")
+    recorder_redact = LogRedactor(redactor, known_secrets(env, argv))
     recorder = LineRecorder(
         log_stream,
         index_stream,
-        redact=LogRedactor(redactor, known_secrets(env, argv)),
+        redact=recorder_redact,
         on_first_loss=say,
     )
 
@@ -690,9 +692,13 @@ def run_capture(
     if pump.sink_errors:
         launch["passthrough_errors"] = pump.sink_errors
 
+    ray_logs = raylogs.capture_hook(writer, recorder_redact, argv, env, created.timestamp())
     analysis_json: dict[str, Any] | None = None
     if opts.analyze:
         analysis_json = _analyze(run, writer, staging)
+    if analysis_json is not None and ray_logs:
+        analysis_json["extra_logs"] = raylogs.analyse_extra(ray_logs)
+        _safe(run, "analysis.json", lambda: writer.write_json("analysis.json", analysis_json))
     launch["stages_reached"] = _stages_reached(analysis_json, run)
     if run.prefix is not None:
         _finish_prefix_checks(run.prefix, analysis_json)
