@@ -30,7 +30,6 @@ on one timeline:
 
 from __future__ import annotations
 
-import io
 import statistics
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -240,37 +239,58 @@ def _find(
             start = hi + 1
 
 
+def _row_time(row: bytes, start: Mapping[str, Any] | None) -> float | None:
+    parts = row.split(b"\t")
+    if len(parts) < 4:
+        return None
+    try:
+        wall, mono = int(parts[2]), int(parts[3])
+    except ValueError:
+        return None
+    if start is not None:
+        return (int(start["wall_ns"]) + mono - int(start["mono_ns"])) / 1e9
+    return wall / 1e9
+
+
 def _read_times(
     bundle: Bundle, wanted: set[int], clock: Mapping[str, Any] | None
 ) -> tuple[dict[int, float], float | None]:
-    """Node times of the wanted lines (and of the last line) from ``logs/lines.tsv``."""
-    start = None
+    """Node times of the wanted lines (and of the last line) from ``logs/lines.tsv``.
+
+    Streams the index in blocks; a block is split into rows only when it holds a wanted row
+    (newlines are counted in C otherwise), so a 1 GB log's index costs little more than a read.
+    """
     samples = (clock or {}).get("samples") or []
-    if samples and isinstance(samples[0], dict):
-        start = samples[0]
+    start = samples[0] if samples and isinstance(samples[0], dict) else None
     times: dict[int, float] = {}
-    last: float | None = None
     if not bundle.has(_INDEX):
-        return times, last
+        return times, None
+    todo = sorted(wanted)
+    k = 0
+    row_no = 0  # data rows before this block (the header is row 0)
+    carry = b""
+    last_row = b""
     with bundle.open_member(_INDEX) as raw:
-        text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
-        next(text, None)  # header
-        for line_no, row in enumerate(text, 1):
-            parts = row.split("\t")
-            if len(parts) < 4:
-                continue
-            try:
-                wall, mono = int(parts[2]), int(parts[3])
-            except ValueError:
-                continue
-            if start is not None:
-                t = (int(start["wall_ns"]) + mono - int(start["mono_ns"])) / 1e9
-            else:
-                t = wall / 1e9
-            last = t
-            if line_no in wanted:
-                times[line_no] = t
-    return times, last
+        header = raw.readline()
+        del header
+        while chunk := raw.read(BLOCK_SIZE):
+            data = carry + chunk
+            cut = data.rfind(b"\n") + 1
+            block, carry = data[:cut], data[cut:]
+            n = block.count(b"\n")
+            if n:
+                last_row = block[block.rfind(b"\n", 0, len(block) - 1) + 1 :]
+            while k < len(todo) and todo[k] <= row_no:
+                k += 1
+            if k < len(todo) and todo[k] <= row_no + n:
+                rows = block.split(b"\n")
+                while k < len(todo) and todo[k] <= row_no + n:
+                    t = _row_time(rows[todo[k] - row_no - 1], start)
+                    if t is not None:
+                        times[todo[k]] = t
+                    k += 1
+            row_no += n
+    return times, _row_time(last_row.rstrip(b"\n"), start)
 
 
 def _ntp_offset(clock: Mapping[str, Any] | None) -> float | None:
