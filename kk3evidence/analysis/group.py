@@ -52,6 +52,7 @@ _LOG = "logs/combined.log"
 _INDEX = "logs/lines.tsv"
 _SAMPLING_ERROR_S = 0.001
 _MAX_TEXT = 400
+_PREV_WINDOW = 1 << 20  # how far back the previous line of a process is looked for
 #: signals a node is asked to take when a run is stopped on purpose (not a failure)
 _STOP_SIGNALS = frozenset({2, 15})
 _SIGNAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -222,21 +223,30 @@ def _find(
     texts: Sequence[tuple[str, bytes]],
     found: dict[str, list[Mark]],
 ) -> None:
+    hits: list[tuple[int, str]] = []
     for name, text in texts:
         start = 0
         while (pos := block.find(text, start)) >= 0:
-            lo = block.rfind(b"\n", 0, pos) + 1
-            hi = block.find(b"\n", pos)
-            line_no = lines_before + block.count(b"\n", 0, lo) + 1
-            line = parse_line(line_no, block[lo:hi])
-            prev = None
-            if line.pid is not None:
-                # the same process's line before: printed before it entered the collective
-                at = block.rfind(b"pid=%d)" % line.pid, 0, lo)
-                if at >= 0:
-                    prev = lines_before + block.count(b"\n", 0, at) + 1
-            found[name].append(Mark(line_no, line.process, line.text[:_MAX_TEXT], prev))
-            start = hi + 1
+            hits.append((pos, name))
+            start = pos + len(text)
+    hits.sort()
+    # newlines are counted between consecutive hits only: linear in the block
+    line_no, at = lines_before + 1, 0
+    for pos, name in hits:
+        lo = block.rfind(b"\n", 0, pos) + 1
+        if lo < at:  # two hits on one line: the first one counts
+            continue
+        line_no += block.count(b"\n", at, lo)
+        at = lo
+        hi = block.find(b"\n", pos)
+        line = parse_line(line_no, block[lo:hi])
+        prev = None
+        if line.pid is not None:
+            # the same process's line before: printed before it entered the collective
+            back = block.rfind(b"pid=%d)" % line.pid, max(0, lo - _PREV_WINDOW), lo)
+            if back >= 0:
+                prev = line_no - block.count(b"\n", back, lo)
+        found[name].append(Mark(line_no, line.process, line.text[:_MAX_TEXT], prev))
 
 
 def _row_time(row: bytes, start: Mapping[str, Any] | None) -> float | None:
