@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kk3evidence.bundle.archive import BundleWriter
+
 #: what Ray writes per worker/raylet; other files there (dashboard, events) are left out
 _WANTED = re.compile(
     r"^(worker-.*\.(out|err)|python-core-worker-.*\.log|raylet\.(out|err)|"
@@ -125,7 +127,7 @@ def analyse_extra(paths: Mapping[str, Path]) -> list[dict[str, Any]]:
 
 
 def capture_hook(
-    writer: Any,
+    writer: BundleWriter,
     redact: Callable[[bytes], bytes | memoryview],
     argv: Sequence[str],
     env: Mapping[str, str],
