@@ -176,3 +176,48 @@ def test_cli_analyze_check_report_diff_take_a_group(tmp_path: Path) -> None:
     assert any("VLLM_ENGINE_READY_TIMEOUT_S" in v for v in out["variables"])
     r = cli("analyze", "-", killed[0])
     assert r.returncode == 2 and "stdin" in r.stderr
+
+
+def _shift_clock(src: Path, dst: Path, wall_s: float, mono_s: float) -> None:
+    """Re-pack ``src`` as if its host's wall clock were ``wall_s`` ahead (and its monotonic
+    clock had another base): every receive time and the group's clock samples move."""
+    from kk3evidence.bundle.archive import BundleWriter, open_bundle
+
+    dw, dm = int(wall_s * 1e9), int(mono_s * 1e9)
+    with open_bundle(src) as b:
+        w = BundleWriter(dst.with_suffix(".staging"), bundle_id=b.bundle_id)
+        for name in b.names():
+            data = b.read_bytes(name)
+            if name == "logs/lines.tsv":
+                rows = data.decode().splitlines()
+                out = [rows[0]]
+                for row in rows[1:]:
+                    off, stream, wall, mono = row.split("\t")
+                    out.append(f"{off}\t{stream}\t{int(wall) + dw}\t{int(mono) + dm}")
+                w.add_bytes(name, ("\n".join(out) + "\n").encode())
+            elif name.endswith(".json"):
+                w.write_json(name, json.loads(data))
+            else:
+                w.add_bytes(name, data)
+        g = json.loads(json.dumps(b.group))
+        for s in g["clock"]["samples"]:
+            s["wall_ns"] += dw
+            s["mono_ns"] += dm
+        w.set_group(g)
+        w.finalize(dst)
+
+
+def test_a_node_clock_five_seconds_ahead_is_corrected(tmp_path: Path) -> None:
+    base = group.analyze_group(_paths("healthy")).nodes[1].offset
+    shifted = tmp_path / "node1.tar"
+    _shift_clock(Path(_paths("healthy")[1]), shifted, wall_s=5.0, mono_s=-777.0)
+    g = group.analyze_group([_paths("healthy")[0], str(shifted)])
+    off = g.nodes[1].offset
+    assert off.offset_s == pytest.approx(base.offset_s + 5.0, abs=1e-6)
+    assert off.bound_s is not None and abs(off.offset_s - 5.0) <= off.bound_s
+    # corrected, the profiling pass still ends together on both nodes
+    rows = {(r["node"], r["process"].split()[0]): r["milestones"] for r in g.matrix}
+    assert (
+        abs(rows[("node1", "Worker_TP1")]["profiled"] - rows[("node0", "Worker_TP0")]["profiled"])
+        < 0.05
+    )
