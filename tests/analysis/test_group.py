@@ -221,3 +221,65 @@ def test_a_node_clock_five_seconds_ahead_is_corrected(tmp_path: Path) -> None:
         abs(rows[("node1", "Worker_TP1")]["profiled"] - rows[("node0", "Worker_TP0")]["profiled"])
         < 0.05
     )
+
+
+def _node(
+    name: str, rank: int, ff: tuple[str, str, float] | None, *, killed_at: float | None = None
+) -> group.NodeRun:
+    """A node whose first failure is (category, basis, time) at line 5, or killed at a time."""
+    from kk3evidence.model import Analysis, Finding
+
+    finding = None
+    times: dict[int, float] = {}
+    if ff is not None:
+        category, basis, t = ff
+        finding = Finding(
+            5, "R1", "engine_init", category, "failure", f"{category} here", basis=basis
+        )
+        times[5] = t
+    analysis = Analysis(name, 10, "engine_init", (), finding, (), (finding,) if finding else ())
+    launch = {"signal": 9, "exit_code": None} if killed_at is not None else {"exit_code": 1}
+    return group.NodeRun(
+        source=name,
+        node=name,
+        rank=rank,
+        host="h",
+        group_id="g",
+        analysis=analysis,
+        fingerprint={},
+        launch=launch,
+        marks={},
+        times=times,
+        last_line_t=killed_at,
+    )
+
+
+def test_an_earlier_stated_failure_beats_a_later_death() -> None:
+    first, _ = group._pick_first(
+        [_node("node0", 0, ("oom", "rule", 10.0)), _node("node1", 1, None, killed_at=30.0)]
+    )
+    assert first is not None and (first.node, first.category) == ("node0", "oom")
+
+
+def test_a_peer_loss_just_before_the_death_is_its_consequence() -> None:
+    first, _ = group._pick_first(
+        [_node("node0", 0, ("hang", "rule", 30.4)), _node("node1", 1, None, killed_at=30.9)]
+    )
+    assert first is not None and (first.node, first.kind) == ("node1", "death")
+
+
+def test_stalls_count_only_when_no_node_stated_a_failure() -> None:
+    first, _ = group._pick_first(
+        [_node("node0", 0, ("hang", "stall", 50.0)), _node("node1", 1, ("nccl", "rule", 200.0))]
+    )
+    assert first is not None and first.node == "node1"
+    first, _ = group._pick_first(
+        [_node("node0", 0, ("hang", "stall", 100.0)), _node("node1", 1, ("hang", "stall", 50.0))]
+    )
+    assert first is not None and first.node == "node1"
+
+
+def test_a_node_stopped_on_purpose_is_not_a_failure() -> None:
+    n = _node("node1", 1, None, killed_at=5.0)
+    n.launch = {"signal": 2, "interrupted_by": "SIGINT"}
+    assert group._pick_first([_node("node0", 0, None), n]) == (None, None)
