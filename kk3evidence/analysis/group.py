@@ -34,6 +34,7 @@ import statistics
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -398,7 +399,9 @@ def _death(node: NodeRun) -> Event | None:
         return None
     if node.launch.get("interrupted_by") or node.launch.get("stopped_by"):
         return None
-    t = node.last_line_t
+    t, when = node.last_line_t, "its last line"
+    if t is None:  # it printed nothing: the time capture saw it end
+        t, when = _epoch(node.launch.get("ended_at")), "when capture saw it end"
     if t is None:
         return None
     name = _SIGNAMES.get(sig, f"signal {sig}")
@@ -410,10 +413,18 @@ def _death(node: NodeRun) -> Event | None:
         None,
         "other",
         "GROUP-DEATH",
-        f"{node.node}'s server was killed by {name} "
-        "(no failure in its log; the time is its last line)",
+        f"{node.node}'s server was killed by {name} (no failure in its log; the time is {when})",
         None,
     )
+
+
+def _epoch(text: object) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _event(node: NodeRun, f: Finding, kind: str | None = None) -> Event | None:

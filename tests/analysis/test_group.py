@@ -283,3 +283,10 @@ def test_a_node_stopped_on_purpose_is_not_a_failure() -> None:
     n = _node("node1", 1, None, killed_at=5.0)
     n.launch = {"signal": 2, "interrupted_by": "SIGINT"}
     assert group._pick_first([_node("node0", 0, None), n]) == (None, None)
+
+
+def test_a_node_killed_before_its_first_line_dies_when_capture_saw_it_end() -> None:
+    n = _node("node1", 1, None, killed_at=None)
+    n.launch = {"signal": 9, "ended_at": "2026-12-01T03:43:39+00:00"}
+    first, _ = group._pick_first([_node("node0", 0, None), n])
+    assert first is not None and first.kind == "death" and "capture saw it end" in first.text
