@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from kk3evidence._resources import read_text
 from kk3evidence.analysis.engine import BLOCK_SIZE, AnalysisEngine
 from kk3evidence.analysis.grammar import parse_line
+from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import RuleSet
 from kk3evidence.bundle.archive import Bundle, open_bundle
 from kk3evidence.errors import InputError
@@ -53,7 +54,8 @@ _LOG = "logs/combined.log"
 _INDEX = "logs/lines.tsv"
 _SAMPLING_ERROR_S = 0.001
 _MAX_TEXT = 400
-_PREV_WINDOW = 1 << 20  # how far back the previous line of a process is looked for
+_INDEX_BLOCK = 1 << 20  # lines.tsv is split into rows only in blocks with a wanted row
+_PREV_WINDOW = 1 << 16  # how far back the previous line of a process is looked for
 #: signals a node is asked to take when a run is stopped on purpose (not a failure)
 _STOP_SIGNALS = frozenset({2, 15})
 _SIGNAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -196,8 +198,8 @@ def _node_label(group: Mapping[str, Any] | None, index: int) -> tuple[str, int |
 def _scan_log(
     bundle: Bundle, engine: AnalysisEngine, marks: Sequence[Milestone]
 ) -> dict[str, list[Mark]]:
-    """Feed the log to ``engine`` and note where each milestone line is (line number and
-    process), with C-speed ``bytes.find`` on whole lines."""
+    """Feed the log to ``engine`` and note where each milestone line is (line number, process,
+    text), with one literal scan per block (Hyperscan) and no copy of the block."""
     texts = [(m.name, m.text.encode()) for m in marks]
     found: dict[str, list[Mark]] = {m.name: [] for m in marks}
     lines_before = 0
@@ -205,12 +207,16 @@ def _scan_log(
     with bundle.open_member(_LOG) as fp:
         while chunk := fp.read(BLOCK_SIZE):
             engine.feed(chunk)
-            # search whole lines only: the tail after the last newline waits for the next block
-            data = carry + chunk
-            cut = data.rfind(b"\n") + 1
-            _find(data[:cut], lines_before, texts, found)
-            lines_before += data.count(b"\n", 0, cut)
-            carry = data[cut:]
+            first = chunk.find(b"\n")
+            if first < 0:
+                carry += chunk
+                continue
+            # the line that straddles the previous block ends at `first`
+            _find(carry + chunk[: first + 1], lines_before, texts, found)
+            last = chunk.rfind(b"\n")
+            _find(chunk, lines_before + 1, texts, found, lo=first + 1, hi=last + 1)
+            lines_before += 1 + chunk.count(b"\n", first + 1, last + 1)
+            carry = chunk[last + 1 :]
     if carry:
         _find(carry + b"\n", lines_before, texts, found)
     for hits in found.values():
@@ -218,35 +224,40 @@ def _scan_log(
     return found
 
 
+@lru_cache(maxsize=1)
+def _milestone_prefilter() -> Prefilter:
+    """One literal scan for every milestone text (Hyperscan where available)."""
+    marks = group_data().milestones
+    return Prefilter([m.text for m in marks], [False] * len(marks))
+
+
 def _find(
     block: bytes,
     lines_before: int,
     texts: Sequence[tuple[str, bytes]],
     found: dict[str, list[Mark]],
+    *,
+    lo: int = 0,
+    hi: int | None = None,
 ) -> None:
-    hits: list[tuple[int, str]] = []
-    for name, text in texts:
-        start = 0
-        while (pos := block.find(text, start)) >= 0:
-            hits.append((pos, name))
-            start = pos + len(text)
-    hits.sort()
+    """Milestone lines in ``block[lo:hi]`` (whole lines; the first is line lines_before+1)."""
+    pf = _milestone_prefilter()
+    sync = {m.name for m in group_data().milestones if m.sync}
+    hits = sorted((end - len(texts[aid][1]), texts[aid][0]) for end, aid in pf.scan(block, lo, hi))
     # newlines are counted between consecutive hits only: linear in the block
-    line_no, at = lines_before + 1, 0
+    line_no, at = lines_before + 1, lo
     for pos, name in hits:
-        lo = block.rfind(b"\n", 0, pos) + 1
-        if lo < at:  # two hits on one line: the first one counts
-            continue
-        line_no += block.count(b"\n", at, lo)
-        at = lo
-        hi = block.find(b"\n", pos)
-        line = parse_line(line_no, block[lo:hi])
+        start = block.rfind(b"\n", lo, pos) + 1 or lo
+        line_no += block.count(b"\n", at, start)
+        at = start
+        end = block.find(b"\n", pos)
+        line = parse_line(line_no, block[start:end])
         prev = None
-        if line.pid is not None:
+        if name in sync and line.pid is not None:
             # the same process's line before: printed before it entered the collective
-            back = block.rfind(b"pid=%d)" % line.pid, max(0, lo - _PREV_WINDOW), lo)
+            back = block.rfind(b"pid=%d)" % line.pid, max(lo, start - _PREV_WINDOW), start)
             if back >= 0:
-                prev = line_no - block.count(b"\n", back, lo)
+                prev = line_no - block.count(b"\n", back, start)
         found[name].append(Mark(line_no, line.process, line.text[:_MAX_TEXT], prev))
 
 
@@ -284,7 +295,7 @@ def _read_times(
     with bundle.open_member(_INDEX) as raw:
         header = raw.readline()
         del header
-        while chunk := raw.read(BLOCK_SIZE):
+        while chunk := raw.read(_INDEX_BLOCK):
             data = carry + chunk
             cut = data.rfind(b"\n") + 1
             block, carry = data[:cut], data[cut:]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kk3evidence._resources import read_text
 from kk3evidence.analysis import group
@@ -290,3 +292,26 @@ def test_a_node_killed_before_its_first_line_dies_when_capture_saw_it_end() -> N
     n.launch = {"signal": 9, "ended_at": "2026-12-01T03:43:39+00:00"}
     first, _ = group._pick_first([_node("node0", 0, None), n])
     assert first is not None and first.kind == "death" and "capture saw it end" in first.text
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(min_value=1, max_value=5000))
+def test_milestones_are_found_the_same_whatever_the_block_size(block: int) -> None:
+    from kk3evidence.analysis.engine import AnalysisEngine
+    from kk3evidence.bundle.archive import open_bundle
+
+    path = _paths("healthy")[0]
+    marks = group.group_data().milestones
+
+    def scan(size: int) -> dict[str, list[group.Mark]]:
+        with open_bundle(path) as b, pytest.MonkeyPatch.context() as mp:
+            mp.setattr(group, "BLOCK_SIZE", size)
+            return group._scan_log(b, AnalysisEngine(path), marks)
+
+    small, whole = scan(block), scan(1 << 24)
+    strip = lambda d: {k: [(m.line_no, m.process, m.text) for m in v] for k, v in d.items()}  # noqa: E731
+    assert strip(small) == strip(whole)
+    # the previous line of a process is only looked for in the same block: None or the same
+    for name, marks_small in small.items():
+        for a, b in zip(marks_small, whole[name], strict=True):
+            assert a.prev in (None, b.prev)
