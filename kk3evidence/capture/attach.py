@@ -17,6 +17,7 @@ the server exits, at the end of a piped log, or on Ctrl-C (which ends only the a
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import threading
@@ -156,6 +157,10 @@ class LogFollower:
     def _pipe(self, stream: BinaryIO) -> None:
         fd = stream.fileno()
         while not self._stop.is_set():
+            # wait for data with a timeout so that stop() is seen while the pipe is quiet
+            ready, _w, _x = select.select([fd], [], [], _POLL_S)
+            if not ready:
+                continue
             data = os.read(fd, _READ)
             if not data:
                 self.eof.set()
