@@ -123,3 +123,15 @@ def test_cli_merge_then_analyze_the_archive(tmp_path: Path) -> None:
     r = subprocess.run([*run, "analyze", "--json", str(out)], capture_output=True, check=False)
     assert r.returncode == 3
     assert json.loads(r.stdout)["first_failure"]["node"] == "node1"
+
+
+def test_cli_validate_reads_a_group_archive(tmp_path: Path) -> None:
+    out = write_group_archive(NODES, tmp_path / "g.tar")
+    r = subprocess.run(
+        [sys.executable, "-m", "kk3evidence", "validate", "--json", str(out)],
+        capture_output=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout
+    doc = json.loads(r.stdout)
+    assert doc["valid"] is True and [n["node"] for n in doc["nodes"]] == ["node0.tar", "node1.tar"]
