@@ -866,6 +866,11 @@ def render_text(g: GroupAnalysis, *, timeline_limit: int = 40) -> str:
             for c in g.consequences[:12]:
                 out.append(f"  {c.node}:{c.line_no or '-':<6} {c.rule:<9} {_clip(c.text, 140)}")
     out += ["", "Consistency across nodes:"]
+    if g.consistency and ff is not None:
+        out.append(
+            "  Note: the nodes differ where one launch should not; check these first, they can "
+            "cause the failure above."
+        )
     if not g.consistency:
         out.append("  same versions, NCCL_*/GLOO_*/VLLM_* environment and argv on every node")
     out += [f"  DIFFERENT {d['what']}: {d['message']}" for d in g.consistency]

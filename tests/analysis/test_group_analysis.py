@@ -315,3 +315,17 @@ def test_milestones_are_found_the_same_whatever_the_block_size(block: int) -> No
     for name, marks_small in small.items():
         for a, b in zip(marks_small, whole[name], strict=True):
             assert a.prev in (None, b.prev)
+
+
+def test_real_dtype_mismatch_names_node1_and_the_flag() -> None:
+    # node 1 ran --dtype bfloat16 against node 0's float32: gloo aborted on node 1 in the first
+    # all-reduce; node 0 only saw the connection go ("Read error")
+    g = group.analyze_group(_paths("dtype"))
+    ff = g.first_failure
+    assert ff is not None and ff.node == "node1"
+    assert "gloo::EnforceNotMet" in ff.text
+    assert {c.node for c in g.consequences} >= {"node0"}
+    (diff,) = g.consistency
+    assert diff["what"] == "argv.dtype"
+    assert diff["message"] == "node1 runs --dtype bfloat16; node0 runs --dtype float32"
+    assert "the nodes differ" in group.render_text(g)

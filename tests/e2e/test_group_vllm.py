@@ -65,3 +65,10 @@ def test_node1_with_another_vllm_variable_is_named(vllm_cpu: object, tmp_path: P
     (diff,) = [d for d in g.consistency if d["what"] == f"env.{name}"]
     assert diff["values"]["node1"] == twonode.ENV_EXTRA[1]
     assert diff["message"].startswith(f"node1 has {name}=")
+
+
+def test_node1_with_another_dtype_fails_and_is_named(vllm_cpu: object, tmp_path: Path) -> None:
+    run = twonode.run_group(str(vllm_cpu.vllm), str(vllm_cpu.model), tmp_path, "dtype", 300)  # type: ignore[attr-defined]
+    g = group.analyze_group([str(run.node0), str(run.node1)])
+    assert [d["what"] for d in g.consistency] == ["argv.dtype"]
+    assert g.first_failure is not None and g.first_failure.node == "node1"

@@ -6,7 +6,8 @@ Node 0: ``vllm serve M ... --tensor-parallel-size 2 --nnodes 2 --node-rank 0 --m
 127.0.0.1 --master-port P --port Q``; node 1 the same with ``--node-rank 1 --headless``.
 Scenarios: ``healthy`` (node 0 serves the fixed request, then both are stopped), ``killed`` (node
 1's vLLM is SIGKILLed once it starts loading the model), ``env`` (node 1 runs with an extra
-``VLLM_*`` variable, otherwise healthy), ``dtype`` (node 1 runs ``--dtype bfloat16``).
+``VLLM_*`` variable, otherwise healthy), ``dtype`` (node 1 runs ``--dtype bfloat16``: its worker
+aborts in gloo at the first all-reduce).
 The whole run holds ``/tmp/kk3-vllm.lock``; ports come from this issue's ranges.
 """
 
