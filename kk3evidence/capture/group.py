@@ -132,9 +132,12 @@ def from_slurm(env: Mapping[str, str]) -> Derived | None:
     step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
     nnodes = _int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES"))
     rank = _int(env.get("SLURM_NODEID"))
-    detail = {k: env[k] for k in ("SLURM_JOB_NAME", "SLURMD_NODENAME", "SLURM_PROCID") if k in env}
-    gid = f"slurm-{job}" + (f".{step}" if step and step.isdigit() else "")
-    return Derived("slurm", sanitize_id(gid), rank, nnodes, None, detail)
+    keys = ("SLURM_JOB_NAME", "SLURMD_NODENAME", "SLURM_PROCID", "SLURM_STEP_ID")
+    detail = {k: env[k] for k in keys if k in env}
+    if step and "SLURM_STEP_ID" not in detail:
+        detail["SLURM_STEP_ID"] = step
+    # the job, not the step: a batch script and its srun tasks see different step ids
+    return Derived("slurm", sanitize_id(f"slurm-{job}"), rank, nnodes, None, detail)
 
 
 def from_lws(env: Mapping[str, str]) -> Derived | None:

@@ -114,7 +114,7 @@ def test_slurm_documented_variables() -> None:
     info = group.resolve(None, ["python", "serve.py"], SLURM_NODE1, clock={})
     assert info is not None
     assert (info.group_id, info.node_rank, info.nnodes, info.source) == (
-        "slurm-4242.0",
+        "slurm-4242",
         1,
         2,
         "slurm",
@@ -126,7 +126,7 @@ def test_single_node_slurm_job_is_no_group_unless_asked() -> None:
     one = {**SLURM_NODE1, "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0"}
     assert group.resolve(None, ["x"], one, clock={}) is None
     asked = group.resolve("auto", ["x"], one, clock={})
-    assert asked is not None and asked.group_id == "slurm-4242.0"
+    assert asked is not None and asked.group_id == "slurm-4242"
 
 
 def test_lws_leader_and_worker_share_the_group() -> None:
@@ -143,7 +143,7 @@ def test_ray_address_names_the_group_and_slurm_fills_the_rank() -> None:
     info = group.resolve("auto", ["x"], env, clock={})
     assert info is not None
     # Slurm comes before Ray: the job is the group; Ray's address is kept as detail
-    assert info.group_id == "slurm-4242.0"
+    assert info.group_id == "slurm-4242"
     assert info.detail["ray.ray_address"] == "10.0.0.5:6379"
     ray_only = group.resolve("auto", ["x"], {"RAY_ADDRESS": "ray://10.0.0.5:10001"}, clock={})
     assert ray_only is not None and ray_only.group_id == "ray-10.0.0.5-10001"
