@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kk3evidence.bundle.archive import BundleWriter
+from kk3evidence.errors import BundleError, Kk3Error
 
 #: what Ray writes per worker/raylet; other files there (dashboard, events) are left out
 _WANTED = re.compile(
@@ -113,7 +114,11 @@ def analyse_extra(paths: Mapping[str, Path]) -> list[dict[str, Any]]:
 
     out: list[dict[str, Any]] = []
     for member, path in paths.items():
-        a = analyze(str(path)).to_json()
+        try:
+            a = analyze(str(path)).to_json()
+        except Kk3Error as exc:
+            out.append({"member": member, "error": str(exc)})
+            continue
         out.append(
             {
                 "member": member,
@@ -136,11 +141,15 @@ def capture_hook(
     """What ``run_capture`` calls after the run: member -> staging path of each Ray log."""
     if not uses_ray(argv, env):
         return {}
-    members = collect(
-        session_logs(env),
-        since,
-        write=writer.add_bytes,
-        redact=lambda data: bytes(redact(data)),
-        note=writer.add_not_collected,
-    )
+    try:
+        members = collect(
+            session_logs(env),
+            since,
+            write=writer.add_bytes,
+            redact=lambda data: bytes(redact(data)),
+            note=writer.add_not_collected,
+        )
+    except (OSError, BundleError) as exc:  # a failed probe is data, never a crash
+        writer.add_not_collected("logs/extra/ray", f"{type(exc).__name__}: {exc}")
+        return {}
     return {m: writer.path_of(m) for m in members}
