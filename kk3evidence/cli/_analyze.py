@@ -172,7 +172,7 @@ def command(
     ruleset = load_rule_files(list(rule_paths), with_shipped=True) if rule_paths else None
     with expand(sources) as paths:
         if len(paths) > 1:
-            _group(tuple(paths), as_json=as_json, as_md=as_md, ruleset=ruleset)
+            _group(tuple(paths), sources, as_json=as_json, as_md=as_md, ruleset=ruleset)
             return
     result = analyze(sources[0], context=context, ruleset=ruleset)
     if as_json:
@@ -185,13 +185,19 @@ def command(
 
 
 def _group(
-    sources: tuple[str, ...], *, as_json: bool, as_md: bool, ruleset: RuleSet | None
+    paths: tuple[str, ...],
+    given: tuple[str, ...],
+    *,
+    as_json: bool,
+    as_md: bool,
+    ruleset: RuleSet | None,
 ) -> None:
-    if "-" in sources:
+    """``paths``: the node bundles (an archive's are temporary copies); ``given``: as typed."""
+    if "-" in paths:
         raise UsageError("a group analysis reads bundles; '-' (stdin) is for one log")
-    g = group.analyze_group(list(sources), ruleset=ruleset)
+    g = group.analyze_group(list(paths), ruleset=ruleset)
     if as_json:
-        echo_json(group.to_json(g, sources))
+        echo_json(group.to_json(g, given))
     elif as_md:
         click.echo(group.render_markdown(g), nl=False)
     else:
