@@ -723,11 +723,31 @@ def _argv_findings(nodes: Sequence[NodeLike], skip: frozenset[str]) -> Iterator[
             yield found
 
 
+def _library_findings(nodes: Sequence[NodeLike]) -> Iterator[dict[str, Any]]:
+    """Versions of the libraries the server processes loaded (libnccl, libcudart, …): what
+    really ran, also where the Python probe could not say."""
+    per_node: dict[str, dict[str, str]] = {}
+    for n in nodes:
+        libs: dict[str, set[str]] = {}
+        for lib in n.fingerprint.get("libraries") or []:
+            if isinstance(lib, dict) and lib.get("name") and lib.get("version"):
+                libs.setdefault(str(lib["name"]), set()).add(str(lib["version"]))
+        per_node[n.node] = {k: "/".join(sorted(v)) for k, v in libs.items()}
+    names = sorted({k for libs in per_node.values() for k in libs})
+    for name in names:
+        values = {node: libs[name] for node, libs in per_node.items() if name in libs}
+        if len(values) > 1:
+            found = _difference(f"libraries.{name}", "library", values, f"loads {name} {{value}}")
+            if found:
+                yield found
+
+
 def consistency(nodes: Sequence[NodeLike]) -> list[dict[str, Any]]:
     """Every difference between the nodes that should not differ in one launch."""
     data = group_data()
     return [
         *_version_findings(nodes),
+        *_library_findings(nodes),
         *_env_findings(nodes, data.per_node_env),
         *_argv_findings(nodes, data.per_node_flags),
     ]

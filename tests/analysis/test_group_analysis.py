@@ -329,3 +329,13 @@ def test_real_dtype_mismatch_names_node1_and_the_flag() -> None:
     assert diff["what"] == "argv.dtype"
     assert diff["message"] == "node1 runs --dtype bfloat16; node0 runs --dtype float32"
     assert "the nodes differ" in group.render_text(g)
+
+
+def test_consistency_names_a_differing_loaded_library() -> None:
+    g = group.analyze_group(_paths("healthy"))
+    n0, n1 = g.nodes
+    lib = {"name": "libnccl", "path": "/usr/lib/libnccl.so.2", "pids": [1]}
+    n0.fingerprint = {**n0.fingerprint, "libraries": [{**lib, "version": "2.28.9"}]}
+    n1.fingerprint = {**n1.fingerprint, "libraries": [{**lib, "version": "2.30.7"}]}
+    (diff,) = group.consistency([n0, n1])
+    assert diff["message"] == "node1 loads libnccl 2.30.7; node0 loads libnccl 2.28.9"
