@@ -30,6 +30,7 @@ on one timeline:
 
 from __future__ import annotations
 
+import re
 import statistics
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -507,20 +508,47 @@ def _consequences(nodes: Sequence[NodeRun], first: Event, cause: Finding | None)
     return out
 
 
+_PID_RE = re.compile(r"\bpid=(\d+)")
+_RANK_RE = re.compile(r"(?:_TP|_DP|_PP|_EP|\brank[ =]?)(\d+)")
+
+
+def _process_key(process: str | None) -> str:
+    """One row per process: vLLM renames a worker ("Worker pid=7" -> "Worker_TP1 pid=7")."""
+    if process is None:
+        return "-"
+    m = _PID_RE.search(process)
+    return f"pid={m.group(1)}" if m else process
+
+
 def _matrix(nodes: Sequence[NodeRun], t0: float) -> list[dict[str, Any]]:
-    """node x process x milestone: when each process first printed each milestone."""
-    rows: dict[tuple[str, str], dict[str, float]] = {}
+    """node x process (rank) x milestone: when each process first printed each milestone."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
     for n in nodes:
         for name, hits in n.marks.items():
             for k in hits:
                 t = n.t(k.line_no)
-                if t is not None:
-                    cell = rows.setdefault((n.node, k.process or "-"), {})
-                    cell.setdefault(name, round(t - t0, 3))
-    return [
-        {"node": node, "process": proc, "milestones": marks}
-        for (node, proc), marks in sorted(rows.items())
-    ]
+                if t is None:
+                    continue
+                row = rows.setdefault(
+                    (n.node, _process_key(k.process)),
+                    {
+                        "node": n.node,
+                        "rank": n.rank,
+                        "process": k.process or "-",
+                        "process_rank": None,
+                        "milestones": {},
+                    },
+                )
+                m = _RANK_RE.search(k.process or "")
+                if m and row["process_rank"] is None:  # the name that says the rank wins
+                    row["process"], row["process_rank"] = k.process, int(m.group(1))
+                row["milestones"].setdefault(name, round(t - t0, 3))
+    for row in rows.values():
+        row["milestones"] = dict(sorted(row["milestones"].items(), key=lambda kv: kv[1]))
+    return sorted(
+        rows.values(),
+        key=lambda r: (r["node"], r["process_rank"] is None, r["process_rank"] or 0, r["process"]),
+    )
 
 
 def _milestone_events(nodes: Sequence[NodeRun]) -> Iterator[Event]:
@@ -858,6 +886,20 @@ def _node_lines(g: GroupAnalysis) -> list[str]:
     return out
 
 
+def _matrix_lines(g: GroupAnalysis) -> list[str]:
+    names = [m.name for m in group_data().milestones]
+    used = [n for n in names if any(n in r["milestones"] for r in g.matrix)]
+    if not used:
+        return []
+    out = ["", "Milestones (s) by node and process:"]
+    out.append(f"  {'node':<6} {'process':<26} " + " ".join(f"{n:>14}" for n in used))
+    for r in g.matrix:
+        cells = [r["milestones"].get(n) for n in used]
+        shown = " ".join(f"{'-' if c is None else f'{c:.3f}':>14}" for c in cells)
+        out.append(f"  {r['node']:<6} {_clip(str(r['process']), 26):<26} {shown}")
+    return out
+
+
 def render_text(g: GroupAnalysis, *, timeline_limit: int = 40) -> str:
     """The human form of a group analysis (the CLI prints it)."""
     out = _node_lines(g)
@@ -870,6 +912,7 @@ def render_text(g: GroupAnalysis, *, timeline_limit: int = 40) -> str:
         out.append(f"  {e.t - t0:9.3f}  {where:<12} {e.kind:<11} {_clip(e.text, 120)}")
     if len(shown) > timeline_limit:
         out.append(f"  ... {len(shown) - timeline_limit} more (see --json)")
+    out += _matrix_lines(g)
     ff = g.first_failure
     out.append("")
     if ff is None:

@@ -339,3 +339,11 @@ def test_consistency_names_a_differing_loaded_library() -> None:
     n1.fingerprint = {**n1.fingerprint, "libraries": [{**lib, "version": "2.30.7"}]}
     (diff,) = group.consistency([n0, n1])
     assert diff["message"] == "node1 loads libnccl 2.30.7; node0 loads libnccl 2.28.9"
+
+
+def test_matrix_has_one_row_per_process_with_its_rank(killed: group.GroupAnalysis) -> None:
+    rows = [(r["node"], r["process_rank"]) for r in killed.matrix]
+    assert rows == [("node0", 0), ("node1", 1)]
+    node1 = killed.matrix[1]["milestones"]
+    assert "weights-loaded" not in node1  # killed while loading
+    assert "Milestones (s) by node and process:" in group.render_text(killed)
