@@ -824,6 +824,12 @@ class Bundle:
     def not_collected(self) -> list[dict[str, Any]]:
         return list(self.manifest.get("not_collected", []))
 
+    @property
+    def group(self) -> dict[str, Any] | None:
+        """``manifest.json["group"]`` (SPEC §3, 0.2) or None for a single-node bundle."""
+        g = self.manifest.get("group")
+        return g if isinstance(g, dict) else None
+
     def names(self) -> list[str]:
         """Member names (relative to the top folder), manifest.json excluded, sorted."""
         return sorted(self._members)
@@ -1034,6 +1040,8 @@ class BundleWriter:
                 self._not_collected: list[dict[str, str]] = _dict_list(state, "not_collected")
                 self._losses: list[dict[str, Any]] = _dict_list(state, "losses")
                 self._redactions: list[dict[str, Any]] = _dict_list(state, "redactions")
+                group = state.get("group")
+                self._group: dict[str, Any] | None = group if isinstance(group, dict) else None
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise BundleError(
                     f"{_show(str(marker))} is damaged ({type(exc).__name__}: {exc}); "
@@ -1055,6 +1063,7 @@ class BundleWriter:
         self._not_collected = []
         self._losses = []
         self._redactions = []
+        self._group = None
         try:
             self.staging_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -1084,6 +1093,7 @@ class BundleWriter:
             "not_collected": self._not_collected,
             "losses": self._losses,
             "redactions": redactions,
+            **({"group": self._group} if self._group is not None else {}),
         }
 
     def _save_state(self) -> None:
@@ -1147,6 +1157,12 @@ class BundleWriter:
         fp: BinaryIO = open(path, "ab")  # noqa: SIM115 - handed to the caller
         self._streams.append(fp)
         return fp
+
+    def set_group(self, group: Mapping[str, Any] | None) -> None:
+        """Name the multi-node group this bundle belongs to (SPEC §3, 0.2; saved immediately,
+        written into ``manifest.json["group"]`` at :meth:`finalize`)."""
+        self._group = dict(group) if group is not None else None
+        self._save_state()
 
     def add_not_collected(self, what: str, reason: str) -> None:
         """Record that ``what`` could not be collected, and why (saved immediately)."""
@@ -1306,6 +1322,8 @@ class BundleWriter:
             "losses": self._losses,
             "sealed_from_staging": _sealed,
         }
+        if self._group is not None:
+            manifest["group"] = self._group
         problems = list(_schema.iter_schema_problems("manifest", manifest, MANIFEST))
         if problems:
             raise BundleError(f"cannot finalize: {problems[0]}", list(problems))

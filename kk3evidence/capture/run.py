@@ -41,7 +41,9 @@ from typing import Any, cast
 
 from kk3evidence.bundle.ledger import Ledger
 from kk3evidence.capture import fingerprint as fpmod
+from kk3evidence.capture import group as capture_group
 from kk3evidence.capture import http as probe
+from kk3evidence.capture import raylogs
 from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
 from kk3evidence.capture.staging import default_output, staging_for  # noqa: F401 (re-exported)
@@ -139,6 +141,7 @@ class CaptureOptions:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     preflight: bool = False  # run `preflight` first and store preflight.json
     preflight_recipe: str | None = None
+    group: str | None = None  # --group ID|auto (None: derived only for a multi-node launch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,6 +512,7 @@ def run_capture(
     changes = [parse_change(c, created.isoformat()) for c in opts.changes]
     # Our own staging folder, created now (parallel captures never share one).
     output, staging = reserve_staging(opts.output, opts.staging, created)
+    grp = capture_group.resolve(opts.group, argv, env)
 
     redactor = _new_redactor()
     try:
@@ -516,6 +520,8 @@ def run_capture(
     except OSError as exc:
         raise CaptureError(f"cannot create the staging folder {staging}: {exc.strerror}") from exc
     run = _Run(opts, say, writer=writer, redactor=redactor, argv=argv, env=env)
+    if grp is not None:
+        _safe(run, "manifest group", lambda: writer.set_group(grp.to_json()))
     run.request_body = request_body
 
     # Learn every secret first (the whole environment, argv), so log lines that echo one are
@@ -523,7 +529,13 @@ def run_capture(
     redactor.env(env, where="environment")
     shown_argv = list(redactor.argv(argv))
     serve = run.serve = _serve_info(argv)
-    want_probe = opts.probe if opts.probe is not None else (serve is not None or bool(opts.url))
+    # a --headless node of a multi-node launch serves no API: nothing to poll
+    headless = serve is not None and serve.flags.get("headless") is True
+    want_probe = (
+        opts.probe
+        if opts.probe is not None
+        else ((serve is not None and not headless) or bool(opts.url))
+    )
     if want_probe:
         run.target = probe.api_target(argv, env, opts.url)
     launch: dict[str, Any] = run.launch
@@ -562,10 +574,11 @@ def run_capture(
     log_stream = writer.open_stream("logs/combined.log")
     index_stream = writer.open_stream("logs/lines.tsv")
     ledger = Ledger(staging)  # running totals that seal reads if capture is killed
+    recorder_redact = LogRedactor(redactor, known_secrets(env, argv))
     recorder = LineRecorder(
         log_stream,
         index_stream,
-        redact=LogRedactor(redactor, known_secrets(env, argv)),
+        redact=recorder_redact,
         on_first_loss=say,
         ledger=ledger.update,
     )
@@ -692,9 +705,13 @@ def run_capture(
     if pump.sink_errors:
         launch["passthrough_errors"] = pump.sink_errors
 
+    ray_logs = raylogs.capture_hook(writer, recorder_redact, argv, env, created.timestamp())
     analysis_json: dict[str, Any] | None = None
     if opts.analyze:
         analysis_json = _analyze(run, writer, staging)
+    if analysis_json is not None and ray_logs:
+        analysis_json["extra_logs"] = raylogs.analyse_extra(ray_logs)
+        _safe(run, "analysis.json", lambda: writer.write_json("analysis.json", analysis_json))
     launch["stages_reached"] = _stages_reached(analysis_json, run)
     if run.prefix is not None:
         _finish_prefix_checks(run.prefix, analysis_json)
@@ -707,6 +724,12 @@ def run_capture(
     for loss in recorder.losses:
         _record_loss(writer, loss.to_json())
 
+    if grp is not None:
+        _safe(
+            run,
+            "manifest group",
+            lambda: writer.set_group(capture_group.with_end_sample(grp).to_json()),
+        )
     summary = _summary(run, launch, analysis_json, recorder.lines_written)
     bundle: Path | None = None
     try:
@@ -962,7 +985,7 @@ def _probe(run: _Run) -> None:
             )
         after, merr = probe.fetch_metrics(client, target, auth)
         _save_metrics(run, writer, "after", after, merr)
-    if not opts.stop_after_request and not run.child_exited.is_set():
+    if not opts.stop_after_request and not run.child_exited.is_set() and run.pgid is not None:
         run.say("requests done; the server keeps running (Ctrl-C stops it and ends the capture)")
     if opts.stop_after_request and not run.child_exited.is_set():
         run.stopped_by = "stop-after-request"

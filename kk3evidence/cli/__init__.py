@@ -25,6 +25,7 @@ _COMMANDS: dict[str, str] = {
     "preflight": "_preflight",
     "report": "_report",
     "compare": "_compare",
+    "merge": "_merge",
     "minimize": "_minimize",
     "ladder": "_ladder",
     "rules": "_rules",

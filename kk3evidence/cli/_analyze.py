@@ -7,12 +7,14 @@ from typing import Any
 
 import click
 
+from kk3evidence.analysis import group
 from kk3evidence.analysis.engine import analyze
-from kk3evidence.analysis.rules import load_rule_files
+from kk3evidence.analysis.rules import RuleSet, load_rule_files
 from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, UsageError
 from kk3evidence.model import Analysis, Finding
 
 from ._common import echo_json, handle_errors
+from ._merge import expand
 
 _MAX_CONSEQUENCES_SHOWN = 12
 
@@ -127,7 +129,7 @@ def render_markdown(a: Analysis) -> str:
 
 
 @click.command(name="analyze")
-@click.argument("source", metavar="BUNDLE|LOGFILE|-")
+@click.argument("sources", nargs=-1, required=True, metavar="BUNDLE|LOGFILE|-  [BUNDLE...]")
 @click.option("--json", "as_json", is_flag=True, help="Print the analysis JSON (SPEC §4).")
 @click.option("--markdown", "as_md", is_flag=True, help="Print a markdown hand-off section.")
 @click.option(
@@ -148,7 +150,7 @@ def render_markdown(a: Analysis) -> str:
 )
 @handle_errors
 def command(
-    source: str, as_json: bool, as_md: bool, context: int, rule_paths: tuple[str, ...]
+    sources: tuple[str, ...], as_json: bool, as_md: bool, context: int, rule_paths: tuple[str, ...]
 ) -> None:
     """Find the stages a vLLM start-up passed, its first causal failure and the lines that
     only report it (consequences).
@@ -156,13 +158,23 @@ def command(
     SOURCE is a bundle (.tar, .tar.gz, .tgz), a plain log file (gzip-compressed too), or '-'
     for stdin. The log is streamed: memory stays flat however large it is.
 
+    Several bundles of one multi-node launch (a group, see capture --group), or one group
+    archive written by merge, are read as one
+    run: one timeline across nodes with per-node clock offsets, the first causal failure with
+    its node, the other nodes' errors as its consequences, a node x process x milestone matrix
+    and a consistency check of versions, environment and argv across the nodes.
+
     Exit 0 when no failure is found, 3 when one is, 2 on usage errors, 4 when the input cannot
     be read.
     """
     if as_json and as_md:
         raise UsageError("--json and --markdown are exclusive; pick one output form")
     ruleset = load_rule_files(list(rule_paths), with_shipped=True) if rule_paths else None
-    result = analyze(source, context=context, ruleset=ruleset)
+    with expand(sources) as paths:
+        if len(paths) > 1:
+            _group(tuple(paths), sources, as_json=as_json, as_md=as_md, ruleset=ruleset)
+            return
+    result = analyze(sources[0], context=context, ruleset=ruleset)
     if as_json:
         echo_json(spec_json(result))
     elif as_md:
@@ -170,3 +182,24 @@ def command(
     else:
         click.echo(render_text(result), nl=False)
     sys.exit(EXIT_FAILURE_FOUND if result.failed else EXIT_OK)
+
+
+def _group(
+    paths: tuple[str, ...],
+    given: tuple[str, ...],
+    *,
+    as_json: bool,
+    as_md: bool,
+    ruleset: RuleSet | None,
+) -> None:
+    """``paths``: the node bundles (an archive's are temporary copies); ``given``: as typed."""
+    if "-" in paths:
+        raise UsageError("a group analysis reads bundles; '-' (stdin) is for one log")
+    g = group.analyze_group(list(paths), ruleset=ruleset)
+    if as_json:
+        echo_json(group.to_json(g, given))
+    elif as_md:
+        click.echo(group.render_markdown(g), nl=False)
+    else:
+        click.echo(group.render_text(g), nl=False)
+    sys.exit(EXIT_FAILURE_FOUND if g.failed else EXIT_OK)

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
+from kk3evidence.capture.attach import AttachOptions, run_attach
 from kk3evidence.capture.run import CaptureOptions, main_passthrough_sinks, run_capture
+from kk3evidence.errors import UsageError
 
 from ._common import handle_errors
 
@@ -24,6 +26,12 @@ CMD's output passes through unchanged; capture's own messages start with
 process group). Exit status: CMD's (128+N when it was killed by signal N).
 If capture itself is killed, run 'kk3evidence seal STAGING -o BUNDLE' on the
 staging folder it named at the start.
+
+\b
+A server kk3evidence did not start (systemd, a pod spec):
+  kk3evidence capture -o prod.tar --attach 4242 --log /var/log/vllm.log --url http://127.0.0.1:8000
+  kubectl logs -f vllm-0 | kk3evidence capture -o pod.tar --attach PID --log - --url URL
+With --attach the exit status is 0 (no failure in the log) or 3 (a failure was found).
 """
 
 
@@ -140,12 +148,42 @@ def _say(message: str) -> None:
     metavar="SECONDS",
     help="Time limit of the probe of CMD's Python side (torch, vLLM versions).",
 )
+@click.option(
+    "--group",
+    metavar="ID|auto",
+    help="Join the multi-node group ID (same on every node), or 'auto' to derive it from "
+    "vLLM's --nnodes/--node-rank or data-parallel flags, Slurm, a LeaderWorkerSet or Ray. "
+    "Default: derived when those show several nodes.",
+)
+@click.option(
+    "--attach",
+    "attach_pid",
+    type=click.IntRange(min=1),
+    metavar="PID",
+    help="Do not start CMD: build the bundle from the running server PID (/proc fingerprint, "
+    "--log, requests through --url). Never stops it.",
+)
+@click.option(
+    "--log",
+    "attach_log",
+    metavar="FILE|-",
+    help="With --attach: the server's log file (read from its start, then followed) or '-' "
+    "for a pipe such as 'kubectl logs -f POD |'.",
+)
+@click.option(
+    "--follow",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --attach: keep following the log this long after the requests.",
+)
 @click.option("--no-analyze", is_flag=True, help="Do not analyze the log at the end.")
 @click.option("--preflight", "preflight", is_flag=True,
               help="Run `kk3evidence preflight` on CMD first and store preflight.json (CMD is "
                    "launched even when a check fails; use `preflight` alone to stop early).")
 @click.option("--preflight-recipe", metavar="NAME", help="Recipe for --preflight (e.g. kimi-k3).")
-@click.argument("cmd", nargs=-1, required=True, metavar="-- CMD...")
+@click.argument("cmd", nargs=-1, required=False, metavar="-- CMD...")
 @handle_errors
 def command(
     *,
@@ -171,6 +209,10 @@ def command(
     no_analyze: bool,
     preflight: bool,
     preflight_recipe: str | None,
+    group: str | None,
+    attach_pid: int | None,
+    attach_log: str | None,
+    follow: float,
     cmd: tuple[str, ...],
 ) -> None:
     """Run CMD unchanged and record it into an evidence bundle.
@@ -180,6 +222,12 @@ def command(
     with per-line receive times, readiness, the fixed request and /metrics, notes, and
     the analysis. Secrets are redacted before anything is written.
     """
+    if attach_pid is None and not cmd:
+        raise UsageError("capture: give -- CMD... to run, or --attach PID for a running server")
+    if attach_pid is not None and cmd:
+        raise UsageError("capture: --attach PID takes no CMD (the server is already running)")
+    if attach_log is not None and attach_pid is None:
+        raise UsageError("capture: --log is for --attach; a started CMD's output is captured")
     opts = CaptureOptions(
         argv=cmd,
         output=output,
@@ -204,9 +252,15 @@ def command(
         analyze=not no_analyze,
         preflight=preflight or preflight_recipe is not None,
         preflight_recipe=preflight_recipe,
+        group=group,
     )
-    out, err = main_passthrough_sinks()
-    result = run_capture(opts, out=out, err=err, say=_say)
+    if attach_pid is not None:
+        result = run_attach(
+            AttachOptions(attach_pid, opts, log=attach_log, follow=follow), say=_say
+        )
+    else:
+        out, err = main_passthrough_sinks()
+        result = run_capture(opts, out=out, err=err, say=_say)
     for problem in result.problems:
         _say(f"warning: {problem}")
     where = f"bundle {result.bundle}" if result.bundle else f"staging folder {result.staging}"

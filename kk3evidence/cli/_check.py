@@ -7,8 +7,10 @@ import sys
 import click
 
 from kk3evidence.handoff.compat import CheckResult, check
+from kk3evidence.handoff.group import check_group
 
 from ._common import echo_json, handle_errors
+from ._merge import expand
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "????"}
 
@@ -39,21 +41,47 @@ def _human(result: CheckResult) -> str:
 
 
 @click.command(name="check")
-@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(dir_okay=False),
+                metavar="BUNDLE [BUNDLE...]")
 @click.option("--recipe", metavar="NAME",
               help="Also apply a recipe's boundaries (e.g. kimi-k3). Default: picked from the "
                    "served model when one matches.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @handle_errors
-def command(bundle: str, recipe: str | None, as_json: bool) -> None:
+def command(bundles: tuple[str, ...], recipe: str | None, as_json: bool) -> None:
     """Check BUNDLE against compatibility rules kept as data (rules/compat/*.toml).
 
     Every rule ends pass, fail or unknown with the evidence it used and its source URL and
     date. Exit 0 when no error-level rule fails, 6 when one does.
+
+    Several bundles of one group (or its merge archive): each node is checked, and the nodes
+    must agree on image, vLLM/PyTorch/NCCL versions, driver, NCCL_*/GLOO_*/VLLM_* environment
+    and argv (apart from per-node flags); any difference fails the group (exit 6).
     """
-    result = check(bundle, recipe)
+    with expand(bundles) as paths:
+        if len(paths) > 1:
+            _group(tuple(paths), recipe, as_json)
+            return
+    result = check(bundles[0], recipe)
     if as_json:
         echo_json(result.to_json())
     else:
         click.echo(_human(result))
+    sys.exit(result.exit_code)
+
+
+def _group(bundles: tuple[str, ...], recipe: str | None, as_json: bool) -> None:
+    result = check_group(bundles, recipe)
+    if as_json:
+        echo_json(result.to_json())
+    else:
+        for node, r in result.nodes:
+            click.echo(f"== {node}")
+            click.echo(_human(r))
+            click.echo("")
+        click.echo("== consistency across nodes")
+        if not result.consistency:
+            click.echo("same versions, NCCL_*/GLOO_*/VLLM_* environment and argv on every node")
+        for d in result.consistency:
+            click.echo(f"FAIL {d['what']}: {d['message']}")
     sys.exit(result.exit_code)

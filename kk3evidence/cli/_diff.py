@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
+from kk3evidence.bundle.grouparchive import is_group_archive
+from kk3evidence.errors import UsageError
 from kk3evidence.handoff.diff import DiffResult, diff
+from kk3evidence.handoff.group import GroupDiff, diff_group_sets, diff_groups
 
 from ._common import echo_json, handle_errors, safe_text
+from ._merge import expand
 
 
 def _human(result: DiffResult) -> str:
@@ -40,20 +45,49 @@ def _human(result: DiffResult) -> str:
 
 
 @click.command(name="diff")
-@click.argument("bundle_a", metavar="A", type=click.Path(dir_okay=False))
-@click.argument("bundle_b", metavar="B", type=click.Path(dir_okay=False))
+@click.argument("bundles", nargs=-1, required=True, metavar="A B | A0 A1.. B0 B1..",
+                type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @handle_errors
-def command(bundle_a: str, bundle_b: str, as_json: bool) -> None:
+def command(bundles: tuple[str, ...], as_json: bool) -> None:
     """Compare two bundles: fingerprint, launch flags, environment, request and outcome.
 
     Counts the variables that changed (outcome differences and noise such as pids,
     timestamps, GPU memory in use and random ports are not variables). Exit 0 when at most
     one variable changed (it is named), 5 when several changed (each is named).
+
+    Two groups (more than two bundles): told apart by the group ids in their manifests, else
+    the first half of the bundles is A and the second half B (or two merge archives); node N
+    of A is compared with node N of B, and the verdict counts the variables changed on any
+    node.
     """
-    result = diff(bundle_a, bundle_b)
+    archives = [b for b in bundles if Path(b).is_file() and is_group_archive(b)]
+    if len(bundles) == 2 and len(archives) == 2:
+        with expand((bundles[0],)) as a, expand((bundles[1],)) as b:
+            _show_groups(diff_group_sets(a, b), as_json)
+        return
+    if len(bundles) > 2:
+        _show_groups(diff_groups(bundles), as_json)
+        return
+    if len(bundles) != 2:
+        raise UsageError("diff needs two bundles (A B) or the bundles of two groups")
+    result = diff(bundles[0], bundles[1])
     if as_json:
         echo_json(result.to_json())
     else:
         click.echo(safe_text(_human(result)))
+    sys.exit(result.exit_code)
+
+
+def _show_groups(result: GroupDiff, as_json: bool) -> None:
+    if as_json:
+        echo_json(result.to_json())
+    else:
+        for node, d in result.pairs:
+            click.echo(f"== {node}")
+            click.echo(_human(d))
+            click.echo("")
+        for u in result.unpaired:
+            click.echo(f"unpaired: {u}")
+        click.echo(f"Group verdict: {result.summary()}")
     sys.exit(result.exit_code)

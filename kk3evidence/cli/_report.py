@@ -6,15 +6,18 @@ from pathlib import Path
 
 import click
 
-from kk3evidence.errors import InputError
+from kk3evidence.errors import InputError, UsageError
+from kk3evidence.handoff.group import report_group
 from kk3evidence.handoff.report.i18n import LANGS
 from kk3evidence.handoff.report.markdown import FORMATS, render_report
 
 from ._common import handle_errors, safe_text
+from ._merge import expand
 
 
 @click.command(name="report")
-@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(dir_okay=False),
+                metavar="BUNDLE [BUNDLE...]")
 @click.option("--baseline", "baseline", metavar="BUNDLE", type=click.Path(dir_okay=False),
               help="The last stable run: adds the single-variable result against it.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="markdown",
@@ -29,16 +32,26 @@ from ._common import handle_errors, safe_text
               help="Write to this file instead of stdout.")
 @handle_errors
 def command(  # noqa: PLR0917 - one parameter per click option
-    bundle: str, baseline: str | None, fmt: str, lang: str, recipe: str | None,
+    bundles: tuple[str, ...], baseline: str | None, fmt: str, lang: str, recipe: str | None,
     output: str | None,
 ) -> None:
     """Write the hand-off for BUNDLE: fingerprint table, minimal command, fixed request and
     response, first failing stage with its evidence lines, the single-variable result against
     --baseline, compatibility boundaries, the guide's 11-item checklist evaluated from the
     evidence (pass / fail / unknown and why), and the reproducibility limits of online serving.
+
+    Several bundles of one group (or its merge archive): the group analysis (merged timeline,
+    first failure with its node, consistency across nodes), then the hand-off of the node that
+    failed first.
     """
-    doc = render_report(bundle, baseline=baseline, fmt=fmt,  # type: ignore[arg-type]
-                        lang=lang, recipe=recipe)  # type: ignore[arg-type]
+    with expand(bundles) as paths:
+        if len(paths) > 1:
+            if fmt != "markdown" or baseline:
+                raise UsageError("a group report (several bundles) is markdown, no --baseline")
+            doc = report_group(paths, lang=lang, recipe=recipe)
+    if len(paths) == 1:
+        doc = render_report(bundles[0], baseline=baseline, fmt=fmt,  # type: ignore[arg-type]
+                            lang=lang, recipe=recipe)  # type: ignore[arg-type]
     doc = safe_text(doc)  # received text never drives a terminal (nor fails to encode)
     if output:
         try:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
 from kk3evidence.bundle.archive import best_problem, iter_problems
+from kk3evidence.bundle.grouparchive import is_group_archive, opened_group_archive
 from kk3evidence.errors import EXIT_INVALID, EXIT_OK
 from kk3evidence.model import Problem
 
@@ -46,7 +48,12 @@ def command(bundle: str, as_json: bool) -> None:
 
     Prints every problem, one per line (member, JSON path, what was expected and found).
     Exit 0 when the bundle is valid, 4 when it is not (or cannot be read), 2 on usage errors.
+    A group archive (written by merge) is valid when its index matches and every node bundle
+    in it is valid.
     """
+    if Path(bundle).is_file() and is_group_archive(bundle):
+        _group_archive(bundle, as_json)
+        return
     problems = list(iter_problems(bundle))
     if as_json:
         echo_json(
@@ -70,3 +77,30 @@ def command(bundle: str, as_json: bool) -> None:
         else:
             click.echo(f"{bundle}: valid kk3evidence bundle")
     sys.exit(EXIT_INVALID if problems else EXIT_OK)
+
+
+def _group_archive(path: str, as_json: bool) -> None:
+    with opened_group_archive(path) as nodes:
+        found = [(Path(n).name, list(iter_problems(n))) for n in nodes]
+    bad = [(name, p) for name, problems in found for p in problems]
+    if as_json:
+        echo_json(
+            {
+                "source": path,
+                "valid": not bad,
+                "nodes": [
+                    {
+                        "node": name,
+                        "valid": not problems,
+                        "problems": [p.to_json() for p in problems],
+                    }
+                    for name, problems in found
+                ],
+            }
+        )
+    else:
+        for name, problem in bad:
+            click.echo(f"{name}: {_line(problem)}")
+        state = f"INVALID, {len(bad)} problems" if bad else "valid kk3evidence group archive"
+        click.echo(_printable(f"{path}: {state} ({len(found)} node bundles)"))
+    sys.exit(EXIT_INVALID if bad else EXIT_OK)
