@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import stat
 import sys
 import tarfile
@@ -24,7 +25,13 @@ from typing import IO, Any
 
 from kk3evidence.analysis.causality import HintEvent, StageEvidence, resolve
 from kk3evidence.analysis.classify import Classified, Classifier
-from kk3evidence.analysis.grammar import TB_HEADER, TracebackTracker, decode_line, parse_line
+from kk3evidence.analysis.grammar import (
+    TB_HEADER,
+    LogLine,
+    TracebackTracker,
+    decode_line,
+    parse_line,
+)
 from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import RuleSet, StageHints, load_rules, load_stage_hints
 from kk3evidence.errors import BundleError, InputError
@@ -42,6 +49,20 @@ MAX_KEPT_TEXT = 8192  # characters of a finding's line kept (longer lines are da
 # Not rule anchors: they start traceback tracking (frames of an excerpt may lack the header).
 _STRUCTURAL_ANCHORS = (TB_HEADER, 'File "')
 _BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+# A frame run (see AnalysisEngine._frame_run) stops before lines the envelope parser treats
+# specially (ANSI remnants, Ray's repeat suffix) or that open a new traceback.
+_RUN_STOPS = (b"^[[", b"[0m", b"across cluster]", TB_HEADER.encode())
+_MAX_RUN_PATTERNS = 64
+# An indented body (or none) with no byte the envelope parser would act on; the lookahead
+# refuses whitespace too, so it sits at the end of the indentation.
+_RUN_BODY = (
+    rb"(?:[ \t]+(?![ \t|>\"\[(]|(?:DEBUG|INFO|WARN|ERROR|CRITICAL)\b)[^\n\r\x1b\x00|]*)?\r?\n"
+)
+_MEMO_SIZE = 4096  # classified bodies remembered (then forgotten all at once: memory flat)
+_MEMO_BODY = 1024  # longer bodies are not remembered
+_MISS = object()
+#: the frame-run fast path (tests switch it off to compare with the line-by-line path)
+FRAME_RUNS = True
 _LOG_MEMBER = "logs/combined.log"
 
 
@@ -56,6 +77,8 @@ class _Compiled:
     completable: frozenset[str]  # stages with completion milestones
     hints: StageHints
     hint_ids: frozenset[int]  # anchors that are `line` stage hints
+    frame_funcs: frozenset[bytes]  # frame hints (fast path inside tracebacks)
+    frame_subs: tuple[bytes, ...]
 
 
 _CACHE: dict[int, _Compiled] = {}
@@ -90,9 +113,15 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
         ),
         hints=hints,
         hint_ids=frozenset(i for i, a in enumerate(anchors) if a in {n for n, _ in hints.line}),
+        frame_funcs=frozenset(f.encode() for f in hints.frame_funcs),
+        frame_subs=tuple(sorted({n.encode() for n, _ in hints.frame_subs})),
     )
     _CACHE[key] = c
     return c
+
+
+# The function name at the end of a frame line (``File "…", line N, in <name>``).
+_FRAME_FUNC = re.compile(rb", in ([^\s,]+)[ \t]*\r?$", re.M)
 
 
 class AnalysisEngine:
@@ -125,6 +154,14 @@ class AnalysisEngine:
         self._long_lines = 0
         self._lo = 0  # bounds of the block being processed
         self._hi = 0
+        # Frame-run fast path: the envelope prefix of the last frame line and its process key,
+        # and the run patterns compiled per prefix.
+        self._run_pfx: bytes | None = None
+        self._run_key: str | None = None
+        self._run_res: dict[bytes, re.Pattern[bytes]] = {}
+        self._memo: dict[tuple[object, ...], object] = {}
+        self._frame_memo: dict[bytes, object] = {}
+        self._env_memo: dict[bytes, LogLine] = {}
 
     @property
     def prefilter_engine(self) -> str:
@@ -258,6 +295,14 @@ class AnalysisEngine:
         find = block.find
         while pos < n:
             if tracker.busy:
+                if FRAME_RUNS and self._run_pfx is not None and block.startswith(self._run_pfx, pos):
+                    end = self._frame_run(block, pos, n, line_no)
+                    if end > pos:
+                        line_no += count(b"\n", pos, end)
+                        while k < n_hits and others[k][0] <= end:
+                            k += 1
+                        pos = end
+                        continue
                 e = find(b"\n", pos, n)
                 if e < 0:
                     e = n
@@ -410,8 +455,9 @@ class AnalysisEngine:
         raw = block[s:e]
         if anchor_ids and not self._c.prefilter.exact_ids:
             anchor_ids = self._c.prefilter.line_anchor_ids(raw)
-        line = parse_line(line_no, raw)
+        line = self._parse(line_no, raw)
         line = self._tracker.feed(line)
+        self._remember_prefix(raw, line)
         hints = self._c.hints
         if line.tb_role == "frame":
             if hints.frame and len(self._hint_events) < MAX_HINTS:
@@ -437,9 +483,7 @@ class AnalysisEngine:
             return
         n_rule = self._c.n_rule_anchors
         ids = [a for a in anchor_ids if a < n_rule]
-        hit = self._c.classifier.classify(
-            line, ids, shutdown_requested=self._shutdown_line is not None
-        )
+        hit = self._classify(line, ids)
         if hit is None:
             return
         rule = hit.rule
@@ -480,6 +524,135 @@ class AnalysisEngine:
             if len(ctx["after"]) < self.context:
                 self._pending_after.append((line_no, ctx["after"]))
             self._context[line_no] = ctx
+
+
+    def _parse(self, line_no: int, raw: bytes) -> LogLine:
+        """:func:`parse_line`, memoised on the raw bytes (a dense crash repeats whole lines,
+        timestamps included, many times within one second)."""
+        if len(raw) > _MEMO_BODY:
+            return parse_line(line_no, raw)
+        got = self._env_memo.get(raw)
+        if got is None:
+            got = parse_line(0, raw)
+            if len(self._env_memo) >= _MEMO_SIZE:
+                self._env_memo.clear()
+            self._env_memo[raw] = got
+        return LogLine(
+            line_no,
+            got.text,
+            got.body,
+            got.process,
+            got.pid,
+            got.rank,
+            got.level,
+            got.timestamp,
+            got.source_file,
+            got.wrapper,
+        )
+
+    def _classify(self, line: LogLine, ids: list[int]) -> Classified | None:
+        """The classifier, memoised on what it reads: crash loops and dense serving crashes
+        print the same messages over and over, and pyparsing is the cost on those lines."""
+        down = self._shutdown_line is not None
+        if len(line.body) > _MEMO_BODY:
+            return self._c.classifier.classify(line, ids, shutdown_requested=down)
+        key = (line.body, line.level, line.tb_role, tuple(ids), down)
+        got = self._memo.get(key, _MISS)
+        if got is _MISS:
+            hit = self._c.classifier.classify(line, ids, shutdown_requested=down)
+            if len(self._memo) >= _MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = None if hit is None else (hit.rule, hit.captures)
+            return hit
+        if got is None:
+            return None
+        rule, caps = got  # type: ignore[misc]
+        return Classified(rule=rule, line=line, captures=dict(caps))
+
+    # -- the frame-run fast path ------------------------------------------------------------
+
+    def _remember_prefix(self, raw: bytes, line: LogLine) -> None:
+        """After a traceback header or frame line whose envelope is a plain byte prefix of the
+        line, the following lines with the same prefix and an indented body are frames of the
+        same traceback."""
+        if line.tb_role not in ("frame", "header") or not line.text.endswith(line.body):
+            self._run_pfx = None
+            return
+        pfx = line.text[: len(line.text) - len(line.body)].encode("utf-8", "surrogateescape")
+        if not raw.startswith(pfx) or raw.startswith(b'{"log":'):
+            self._run_pfx = None
+            return
+        self._run_pfx, self._run_key = pfx, line.key
+
+    def _frame_run(self, block: bytes, pos: int, n: int, line_no: int) -> int:
+        """Consume, at C speed, the run of frame lines starting at ``pos`` (same envelope
+        prefix, indented body, nothing the envelope parser would treat specially); return the
+        offset after it (``pos`` when there is none). Frame hints in the run are recorded."""
+        pfx = self._run_pfx
+        assert pfx is not None
+        st = self._tracker.frames_open(self._run_key)
+        if st is None:
+            return pos
+        rx = self._run_res.get(pfx)
+        if rx is None:
+            if len(self._run_res) >= _MAX_RUN_PATTERNS:
+                self._run_res.clear()
+            line = re.escape(pfx) + _RUN_BODY
+            rx = re.compile(b"(?:" + line + b")+")
+            self._run_res[pfx] = rx
+        m = rx.match(block, pos, n)
+        if m is None:
+            return pos
+        end = m.end()
+        for stop in _RUN_STOPS:
+            at = block.find(stop, pos, end)
+            if at >= 0:
+                end = block.rfind(b"\n", pos, at) + 1
+                if end <= pos:
+                    return pos
+        self._run_hints(block, pos, end, line_no, st.chain, st.index)
+        st.last_seen = line_no + block.count(b"\n", pos, end)
+        return end
+
+    def _run_hints(
+        self, block: bytes, pos: int, end: int, line_no: int, chain: int, index: int
+    ) -> None:
+        """Frame hints of the run ``block[pos:end]`` (its first line is ``line_no + 1``): the
+        lines a hint could match are found at C speed, then the hint functions decide, exactly
+        as on the slow path."""
+        c = self._c
+        starts: set[int] = set()
+        for m in _FRAME_FUNC.finditer(block, pos, end):
+            if m.group(1) in c.frame_funcs:
+                starts.add(block.rfind(b"\n", pos, m.start()) + 1 or pos)
+        for sub in c.frame_subs:
+            at = block.find(sub, pos, end)
+            while at >= 0:
+                ls = block.rfind(b"\n", pos, at) + 1 or pos
+                starts.add(ls)
+                nxt = block.find(b"\n", at, end)
+                at = -1 if nxt < 0 else block.find(sub, nxt, end)
+        if not starts:
+            return
+        lp = len(self._run_pfx or b"")
+        memo = self._frame_memo
+        hints = c.hints
+        prev, num = pos, line_no + 1
+        for ls in sorted(starts):
+            num += block.count(b"\n", prev, ls)
+            prev = ls
+            if len(self._hint_events) >= MAX_HINTS:
+                return
+            le = block.find(b"\n", ls, end)
+            raw = block[ls + lp : le]
+            stage = memo.get(raw, _MISS)
+            if stage is _MISS:
+                stage = hints.frame_stage(decode_line(raw))
+                if len(memo) >= _MEMO_SIZE:
+                    memo.clear()
+                memo[raw] = stage
+            if isinstance(stage, str):
+                self._hint_events.append(HintEvent(num, stage, chain, index, True))
 
 
 def _context_around(

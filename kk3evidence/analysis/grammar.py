@@ -683,6 +683,12 @@ class TracebackTracker:
         del self._open[key]
         return line
 
+    def frames_open(self, key: str | None) -> _TbState | None:
+        """The open traceback of ``key`` while it is reading frames (else ``None``): every
+        following indented line of that process is a frame line (the engine's fast path)."""
+        st = self._open.get(key)
+        return st if st is not None and st.phase == "frames" else None
+
     def tick(self, line_no: int) -> None:
         """Tell the tracker that lines up to ``line_no`` passed without being fed."""
         self._expire(line_no)
