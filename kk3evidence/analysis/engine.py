@@ -28,6 +28,7 @@ from kk3evidence.analysis.classify import Classified, Classifier
 from kk3evidence.analysis.grammar import (
     TB_HEADER,
     LogLine,
+    TracebackState,
     TracebackTracker,
     decode_line,
     parse_line,
@@ -295,7 +296,8 @@ class AnalysisEngine:
         find = block.find
         while pos < n:
             if tracker.busy:
-                if FRAME_RUNS and self._run_pfx is not None and block.startswith(self._run_pfx, pos):
+                pfx = self._run_pfx
+                if FRAME_RUNS and pfx is not None and block.startswith(pfx, pos):
                     end = self._frame_run(block, pos, n, line_no)
                     if end > pos:
                         line_no += count(b"\n", pos, end)
@@ -525,7 +527,6 @@ class AnalysisEngine:
                 self._pending_after.append((line_no, ctx["after"]))
             self._context[line_no] = ctx
 
-
     def _parse(self, line_no: int, raw: bytes) -> LogLine:
         """:func:`parse_line`, memoised on the raw bytes (a dense crash repeats whole lines,
         timestamps included, many times within one second)."""
@@ -610,12 +611,12 @@ class AnalysisEngine:
                 end = block.rfind(b"\n", pos, at) + 1
                 if end <= pos:
                     return pos
-        self._run_hints(block, pos, end, line_no, st.chain, st.index)
+        self._run_hints(block, pos, end, line_no, st)
         st.last_seen = line_no + block.count(b"\n", pos, end)
         return end
 
     def _run_hints(
-        self, block: bytes, pos: int, end: int, line_no: int, chain: int, index: int
+        self, block: bytes, pos: int, end: int, line_no: int, st: TracebackState
     ) -> None:
         """Frame hints of the run ``block[pos:end]`` (its first line is ``line_no + 1``): the
         lines a hint could match are found at C speed, then the hint functions decide, exactly
@@ -652,7 +653,7 @@ class AnalysisEngine:
                     memo.clear()
                 memo[raw] = stage
             if isinstance(stage, str):
-                self._hint_events.append(HintEvent(num, stage, chain, index, True))
+                self._hint_events.append(HintEvent(num, stage, st.chain, st.index, True))
 
 
 def _context_around(

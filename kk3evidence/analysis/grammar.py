@@ -575,7 +575,7 @@ _LINGER_GLOBAL = 50
 
 
 @dataclass(slots=True)
-class _TbState:
+class TracebackState:
     chain: int
     index: int
     phase: str  # "frames" | "after_exc" | "await_tb" (after a separator)
@@ -593,7 +593,7 @@ class TracebackTracker:
     needs the following lines (the fast path must then look at every line).
     """
 
-    _open: dict[str | None, _TbState] = field(default_factory=dict)
+    _open: dict[str | None, TracebackState] = field(default_factory=dict)
     _next_chain: int = 0
     chain_links: dict[int, list[str | None]] = field(default_factory=dict)
 
@@ -628,7 +628,7 @@ class TracebackTracker:
             else:
                 chain = self._next_chain
                 self._next_chain += 1
-                st = _TbState(chain=chain, index=0, phase="frames", last_seen=line.line_no)
+                st = TracebackState(chain=chain, index=0, phase="frames", last_seen=line.line_no)
                 self._open[key] = st
                 self.chain_links[chain] = [None]
                 if len(self.chain_links) > 4096:  # keep memory flat on huge logs
@@ -644,7 +644,7 @@ class TracebackTracker:
             if st is None or st.phase == "after_exc":
                 chain = self._next_chain
                 self._next_chain += 1
-                st = _TbState(chain=chain, index=0, phase="frames", last_seen=line.line_no)
+                st = TracebackState(chain=chain, index=0, phase="frames", last_seen=line.line_no)
                 self._open[key] = st
                 self.chain_links[chain] = [None]
             st.phase = "frames"
@@ -683,7 +683,7 @@ class TracebackTracker:
         del self._open[key]
         return line
 
-    def frames_open(self, key: str | None) -> _TbState | None:
+    def frames_open(self, key: str | None) -> TracebackState | None:
         """The open traceback of ``key`` while it is reading frames (else ``None``): every
         following indented line of that process is a frame line (the engine's fast path)."""
         st = self._open.get(key)
