@@ -10,8 +10,10 @@ Definitions used here (documented in docs/rules-format.md):
   compile or "other" failure after an earlier CUDA/driver/NCCL/illegal-memory failure.
 * Consequence rules (``kind = "consequence"``) never become the first failure while any root
   exists.
-* The **first failure** is the earliest root of severity ``fatal``/``error``; a run with only
-  warning-severity roots and no consequence line has no first failure.
+* The **first failure** is the earliest root of severity ``fatal``/``error`` (when every such
+  root is a fallback, the one with the strongest ``evidence`` rank, earliest among equals; its
+  ``basis`` is then ``"fallback"``); a run with only warning-severity roots and no consequence
+  line has no first failure.
 * After a requested shutdown (a ``marks = "shutdown"`` milestone: SIGINT, "shutdown triggered"),
   consequence lines with no earlier failure and fallback exceptions are shutdown noise.
 * Stage time order (how vLLM really proceeds) differs from the SPEC table order: the
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kk3evidence.analysis.classify import Classified
@@ -209,7 +211,7 @@ def resolve(
     has_consequence = any(kind_of[h.line.line_no] == "consequence" for h in live)
     first: Classified | None = None
     if serious_roots:
-        first = serious_roots[0]
+        first = _best_root(serious_roots)
     elif roots and has_consequence:
         first = roots[0]
     elif has_consequence:
@@ -235,6 +237,10 @@ def resolve(
     first_finding: Finding | None = None
     if first is not None:
         first_finding = next(f for f in findings if f.line_no == first_no)
+        if first.rule.fallback or kind_of[first.line.line_no] == "consequence":
+            # No rule knew the cause: the best evidence stands in for it (SPEC §4 basis).
+            first_finding = replace(first_finding, basis="fallback")
+            findings = [first_finding if f.line_no == first_no else f for f in findings]
 
     stages, last = _stages(evidence, first_finding, shutdown_line)
     return Resolution(
@@ -246,6 +252,16 @@ def resolve(
         first_captures=dict(first.captures) if first else {},
         notes=tuple(notes),
     )
+
+
+def _best_root(roots: list[Classified]) -> Classified:
+    """The first causal failure among the serious roots: the earliest, unless every root is a
+    fallback (an error no rule knew); then the strongest evidence wins (an uncaught exception
+    over a bare ERROR line over a fatal signal over an exit status), earliest among equals."""
+    if not all(h.rule.fallback for h in roots):
+        return roots[0]
+    best = min(h.rule.evidence for h in roots)
+    return next(h for h in roots if h.rule.evidence == best)
 
 
 def _failure_stage(

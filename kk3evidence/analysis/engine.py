@@ -34,7 +34,7 @@ from kk3evidence.analysis.grammar import (
     parse_line,
 )
 from kk3evidence.analysis.prefilter import Prefilter
-from kk3evidence.analysis.rules import RuleSet, StageHints, load_rules, load_stage_hints
+from kk3evidence.analysis.rules import Rule, RuleSet, StageHints, load_rules, load_stage_hints
 from kk3evidence.errors import BundleError, InputError
 from kk3evidence.model import Analysis
 
@@ -160,7 +160,7 @@ class AnalysisEngine:
         self._run_pfx: bytes | None = None
         self._run_key: str | None = None
         self._run_res: dict[bytes, re.Pattern[bytes]] = {}
-        self._memo: dict[tuple[object, ...], object] = {}
+        self._memo: dict[tuple[object, ...], tuple[Rule, dict[str, str]] | None] = {}
         self._frame_memo: dict[bytes, object] = {}
         self._env_memo: dict[bytes, LogLine] = {}
 
@@ -558,17 +558,16 @@ class AnalysisEngine:
         if len(line.body) > _MEMO_BODY:
             return self._c.classifier.classify(line, ids, shutdown_requested=down)
         key = (line.body, line.level, line.tb_role, tuple(ids), down)
-        got = self._memo.get(key, _MISS)
-        if got is _MISS:
+        if key not in self._memo:
             hit = self._c.classifier.classify(line, ids, shutdown_requested=down)
             if len(self._memo) >= _MEMO_SIZE:
                 self._memo.clear()
             self._memo[key] = None if hit is None else (hit.rule, hit.captures)
             return hit
+        got = self._memo[key]
         if got is None:
             return None
-        rule, caps = got  # type: ignore[misc]
-        return Classified(rule=rule, line=line, captures=dict(caps))
+        return Classified(rule=got[0], line=line, captures=dict(got[1]))
 
     # -- the frame-run fast path ------------------------------------------------------------
 

@@ -62,6 +62,8 @@ _BLOCK_REGEX: dict[str, str] = {
     # "host:port", "[::]:29500", "0.0.0.0:8000", "[fe80::1]:80"
     "addr": r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?):\d{1,5}(?!\d)",
     "port": r"\d{1,5}(?!\d)",
+    # a non-zero integer: an exit status that is a failure
+    "nzint": r"-?0*[1-9]\d*(?![\d.])",
     "path": r"(?:~|\.{1,2})?/[^\s'\"`,;()\[\]{}<>]*[^\s'\"`,;()\[\]{}<>.:]|(?:~|\.{1,2})?/",
     "word": r"[A-Za-z0-9_][A-Za-z0-9_.\-]*",
     "hex": r"0[xX][0-9A-Fa-f]+|[0-9A-Fa-f]{6,}(?![0-9A-Za-z])",

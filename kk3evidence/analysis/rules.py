@@ -77,6 +77,9 @@ class Rule:
     scope: str = "line"  # "line" | "exception" (only traceback exception/detail lines)
     fallback: bool = False  # only when no other rule claims the line
     priority: int = 0
+    since: str = "0.1.0"  # the kk3evidence version that added the rule
+    references: tuple[str, ...] = ()  # where its example lines and facts come from
+    evidence: int = 1  # fallbacks: how strong the evidence is (1 strongest; causality ranks)
     source: str = ""
     order: int = 0
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -148,6 +151,9 @@ class Rule:
             "scope": self.scope,
             "fallback": self.fallback,
             "priority": self.priority,
+            "since": self.since,
+            "references": list(self.references),
+            "evidence": self.evidence,
             "source": self.source,
         }
 
@@ -285,8 +291,8 @@ def iter_rule_problems(doc: dict[str, Any], source: str, *, strict: bool = True)
             yield f"{where}: unknown category {r.get('category')!r}"
         if r.get("severity") is not None and r.get("severity") not in SEVERITIES:
             yield f"{where}: unknown severity {r.get('severity')!r}"
-        if r.get("status") is not None and r.get("status") not in RULE_STATUSES:
-            yield f"{where}: unknown status {r.get('status')!r}"
+        if r.get("status") not in RULE_STATUSES:
+            yield f"{where}: status must be one of {', '.join(RULE_STATUSES)}"
         if not strict:
             continue
         for pat in _as_list(r.get("pattern")):
@@ -310,7 +316,7 @@ def _compile_rule(r: dict[str, Any], source: str, order: int) -> Rule:
         stage=r.get("stage"),
         category=r.get("category"),
         severity=r.get("severity", "info" if r["kind"] in ("milestone", "noise") else "error"),
-        status=r.get("status", "experimental"),
+        status=r["status"],
         summary=r.get("summary", ""),
         why=r.get("why", ""),
         next_steps=tuple(r.get("next_steps", [])),
@@ -325,6 +331,9 @@ def _compile_rule(r: dict[str, Any], source: str, order: int) -> Rule:
         scope=r.get("scope", "line"),
         fallback=bool(r.get("fallback", False)),
         priority=int(r.get("priority", 0)),
+        since=str(r.get("since", "0.1.0")),
+        references=tuple(r.get("references", [])),
+        evidence=int(r.get("evidence", 1)),
         source=source,
         order=order,
         raw=dict(r),
@@ -588,7 +597,7 @@ def render_rules_doc(ruleset: RuleSet | None = None) -> str:
                 facts.append(f"stage `{r.stage}`")
             if r.category:
                 facts.append(f"category `{r.category}`")
-            facts += [f"severity `{r.severity}`", f"status `{r.status}`"]
+            facts += [f"severity `{r.severity}`", f"status `{r.status}`", f"since `{r.since}`"]
             if r.levels:
                 facts.append("levels " + ", ".join(f"`{x}`" for x in sorted(r.levels)))
             if r.when:
@@ -598,7 +607,7 @@ def render_rules_doc(ruleset: RuleSet | None = None) -> str:
             if r.scope != "line":
                 facts.append(f"scope `{r.scope}`")
             if r.fallback:
-                facts.append("fallback")
+                facts.append(f"fallback (evidence rank {r.evidence})")
             if r.consequence_of:
                 facts.append(
                     "consequence of " + ", ".join(f"`{c}`" for c in sorted(r.consequence_of))
@@ -616,6 +625,8 @@ def render_rules_doc(ruleset: RuleSet | None = None) -> str:
                 out += ["Matches:", "", "```text", *r.match, "```", ""]
             if r.no_match:
                 out += ["Does not match:", "", "```text", *r.no_match, "```", ""]
+            if r.references:
+                out += ["References: " + ", ".join(f"<{u}>" for u in r.references), ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

@@ -26,6 +26,7 @@ BLOCK_CASES = {
     "device": (["cuda:0", "GPU 0", "device 3", "GPU3", "CUDA device 1"], ["cpu", "gpu"]),
     "addr": (["host:29500", "[::]:29500", "0.0.0.0:8000", "node-1.cluster:80"], ["host", ":80"]),
     "port": (["8000", "29500"], ["port"]),
+    "nzint": (["1", "137", "-6", "010"], ["0", "00", "-0", "1.5"]),
     "path": (["/models/tinyllama", "./config.json", "~/x/y", "/"], ["models"]),
     "word": (["tiny", "model_tag", "v1.2-rc"], [" ", "-x"]),
     "hex": (["0x7f685b234b68", "deadbeef00"], ["0x", "xyz"]),
