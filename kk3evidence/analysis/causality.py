@@ -51,6 +51,23 @@ _AFTERMATH: dict[str, frozenset[str]] = {
     "compile": frozenset({"cuda_init", "driver_mismatch", "illegal_memory"}),
     "other": frozenset({"cuda_init", "driver_mismatch", "nccl", "illegal_memory", "oom"}),
     "nccl": frozenset({"cuda_init", "driver_mismatch", "illegal_memory"}),
+    # SPEC §2: a timeout after another rank or process stated a failure is its consequence.
+    "hang": frozenset(
+        {
+            "cuda_init",
+            "driver_mismatch",
+            "nccl",
+            "oom",
+            "kv_cache",
+            "prefix_cache",
+            "weights",
+            "config",
+            "port",
+            "compile",
+            "illegal_memory",
+            "other",
+        }
+    ),
 }
 _SERIOUS = frozenset({"fatal", "error"})
 # Categories whose failures can strike in any stage (their rule's stage is only the usual one).
@@ -126,6 +143,7 @@ def resolve(
     completable: frozenset[str] = frozenset(),
     hints: Sequence[HintEvent] = (),
     policy: StageHints | None = None,
+    category_hints: Sequence[HintEvent] = (),
 ) -> Resolution:
     """Decide roots, consequences and the first failure from the classified lines.
 
@@ -157,6 +175,8 @@ def resolve(
         stage = _failure_stage(h, evidence, ready_at, completable, hints=index, policy=pol)
         if stage is not None:
             stage_of[h.line.line_no] = stage
+
+    cat_of = _context_categories(kept, HintIndex(category_hints), pol)
 
     roots: list[Classified] = []
     first_by_rule: dict[str, Classified] = {}
@@ -191,6 +211,8 @@ def resolve(
                 cause = texts.get(_exc_text(ln.body)) or (roots[0] if roots else None)
             elif r.category in _AFTERMATH:
                 for root in roots:
+                    if r.category == "hang" and root.rule.severity not in _SERIOUS:
+                        continue  # a warning does not explain a timeout
                     if root.rule.category in _AFTERMATH[r.category]:
                         cause = root
                         break
@@ -229,7 +251,7 @@ def resolve(
         caused = cause_of.get(no)
         if kind == "consequence" and caused is None and first_no is not None and no != first_no:
             caused = first_no
-        f = h.finding(stage=stage_of.get(no), kind=kind, caused_by=caused)
+        f = h.finding(stage=stage_of.get(no), kind=kind, caused_by=caused, category=cat_of.get(no))
         findings.append(f)
         if kind == "consequence" and no != first_no:
             consequences.append(f)
@@ -252,6 +274,42 @@ def resolve(
         first_captures=dict(first.captures) if first else {},
         notes=tuple(notes),
     )
+
+
+def _context_categories(
+    kept: Sequence[Classified], index: HintIndex, policy: StageHints
+) -> dict[int, str]:
+    """Line -> category for failures whose rule's category the context may replace
+    (``category_context`` in ``rules/stage-hints.toml``): the failure line's own words first,
+    then the frames of its traceback (innermost first), then the nearest hinted line."""
+    if not policy.category_context:
+        return {}
+    out: dict[int, str] = {}
+    for h in kept:
+        r = h.rule
+        if r.kind != "failure" or r.category not in policy.category_context:
+            continue
+        if r.id in policy.fixed_rules:
+            continue
+        ln = h.line
+        got = policy.self_category(ln.body)
+        if got is None and ln.tb_chain is not None:
+            own = [e for e in index.by_chain.get(ln.tb_chain, []) if e.index <= ln.tb_index]
+            if own:
+                first_index = min(e.index for e in own)
+                got = [e for e in own if e.index == first_index][-1].stage
+        if got is None:
+            no = ln.line_no
+            near = [
+                e
+                for e in index.around(no - policy.window_before, no + policy.window_after)
+                if not e.frame
+            ]
+            if near:
+                got = min(near, key=lambda e: (abs(e.line_no - no), e.line_no)).stage
+        if got is not None and got != r.category:
+            out[ln.line_no] = got
+    return out
 
 
 def _best_root(roots: list[Classified]) -> Classified:

@@ -95,7 +95,7 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
     noise_only = [all(r.kind == "noise" for r in rules) for rules in ruleset.anchor_rules]
     hints = load_stage_hints()
     structural = list(_STRUCTURAL_ANCHORS)
-    structural += [n for n, _ in hints.line if n not in structural]
+    structural += [n for n in hints.line_needles if n not in structural]
     for a in structural:
         anchors.append(a)
         single.append(False)
@@ -113,9 +113,9 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
             if r.kind == "milestone" and r.stage and r.marks in ("complete", "ready")
         ),
         hints=hints,
-        hint_ids=frozenset(i for i, a in enumerate(anchors) if a in {n for n, _ in hints.line}),
-        frame_funcs=frozenset(f.encode() for f in hints.frame_funcs),
-        frame_subs=tuple(sorted({n.encode() for n, _ in hints.frame_subs})),
+        hint_ids=frozenset(i for i, a in enumerate(anchors) if a in set(hints.line_needles)),
+        frame_funcs=frozenset(f.encode() for f in (*hints.frame_funcs, *hints.cat_funcs)),
+        frame_subs=tuple(sorted({n.encode() for n, _ in (*hints.frame_subs, *hints.cat_subs)})),
     )
     _CACHE[key] = c
     return c
@@ -148,6 +148,7 @@ class AnalysisEngine:
         self.lines = 0  # complete lines consumed
         self._hits: list[Classified] = []
         self._hint_events: list[HintEvent] = []
+        self._cat_events: list[HintEvent] = []  # category hints: ``stage`` holds a category
         self._hits_dropped = 0
         self._evidence: dict[str, StageEvidence] = {}
         self._shutdown_line: int | None = None
@@ -161,7 +162,7 @@ class AnalysisEngine:
         self._run_key: str | None = None
         self._run_res: dict[bytes, re.Pattern[bytes]] = {}
         self._memo: dict[tuple[object, ...], tuple[Rule, dict[str, str]] | None] = {}
-        self._frame_memo: dict[bytes, object] = {}
+        self._frame_memo: dict[bytes, tuple[str | None, str | None]] = {}
         self._env_memo: dict[bytes, LogLine] = {}
 
     @property
@@ -228,6 +229,7 @@ class AnalysisEngine:
             chain_links=self._tracker.chain_links,
             hints=self._hint_events,
             policy=self._c.hints,
+            category_hints=self._cat_events,
         )
         extra: dict[str, Any] = {}
         if res.first_captures:
@@ -462,12 +464,8 @@ class AnalysisEngine:
         self._remember_prefix(raw, line)
         hints = self._c.hints
         if line.tb_role == "frame":
-            if hints.frame and len(self._hint_events) < MAX_HINTS:
-                st = hints.frame_stage(line.body)
-                if st is not None:
-                    self._hint_events.append(
-                        HintEvent(line_no, st, line.tb_chain, line.tb_index, True)
-                    )
+            if len(self._hint_events) < MAX_HINTS:
+                self._frame_hint(line_no, line.body, line.tb_chain, line.tb_index)
             return
         if line.tb_role in ("header", "separator"):
             return
@@ -480,6 +478,11 @@ class AnalysisEngine:
             if st is not None:
                 self._hint_events.append(
                     HintEvent(line_no, st, line.tb_chain, line.tb_index, False)
+                )
+            cat = hints.line_category(line.body)
+            if cat is not None and len(self._cat_events) < MAX_HINTS:
+                self._cat_events.append(
+                    HintEvent(line_no, cat, line.tb_chain, line.tb_index, False)
                 )
         if not anchor_ids and line.tb_role not in ("exception", "detail"):
             return
@@ -569,6 +572,15 @@ class AnalysisEngine:
             return None
         return Classified(rule=got[0], line=line, captures=dict(got[1]))
 
+    def _frame_hint(self, line_no: int, body: str, chain: int | None, index: int) -> None:
+        hints = self._c.hints
+        st = hints.frame_stage(body)
+        if st is not None:
+            self._hint_events.append(HintEvent(line_no, st, chain, index, True))
+        cat = hints.frame_category(body)
+        if cat is not None and len(self._cat_events) < MAX_HINTS:
+            self._cat_events.append(HintEvent(line_no, cat, chain, index, True))
+
     # -- the frame-run fast path ------------------------------------------------------------
 
     def _remember_prefix(self, raw: bytes, line: LogLine) -> None:
@@ -645,14 +657,16 @@ class AnalysisEngine:
                 return
             le = block.find(b"\n", ls, end)
             raw = block[ls + lp : le]
-            stage = memo.get(raw, _MISS)
-            if stage is _MISS:
-                stage = hints.frame_stage(decode_line(raw))
+            got = memo.get(raw)
+            if got is None:
+                body = decode_line(raw)
+                got = memo[raw] = (hints.frame_stage(body), hints.frame_category(body))
                 if len(memo) >= _MEMO_SIZE:
                     memo.clear()
-                memo[raw] = stage
-            if isinstance(stage, str):
-                self._hint_events.append(HintEvent(num, stage, st.chain, st.index, True))
+            if got[0] is not None:
+                self._hint_events.append(HintEvent(num, got[0], st.chain, st.index, True))
+            if got[1] is not None and len(self._cat_events) < MAX_HINTS:
+                self._cat_events.append(HintEvent(num, got[1], st.chain, st.index, True))
 
 
 def _context_around(
