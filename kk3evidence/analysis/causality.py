@@ -24,6 +24,7 @@ Definitions used here (documented in docs/rules-format.md):
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -264,6 +265,7 @@ def resolve(
             first_finding = replace(first_finding, basis="fallback")
             findings = [first_finding if f.line_no == first_no else f for f in findings]
 
+    findings, consequences, first_finding = _fold_ranks(live, findings, consequences, first_finding)
     stages, last = _stages(evidence, first_finding, shutdown_line)
     return Resolution(
         first_failure=first_finding,
@@ -274,6 +276,60 @@ def resolve(
         first_captures=dict(first.captures) if first else {},
         notes=tuple(notes),
     )
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _rank_label(h: Classified) -> str | None:
+    ln = h.line
+    return f"rank{ln.rank}" if ln.rank is not None else ln.process
+
+
+def _fold_ranks(
+    live: Sequence[Classified],
+    findings: list[Finding],
+    consequences: list[Finding],
+    first: Finding | None,
+) -> tuple[list[Finding], list[Finding], Finding | None]:
+    """Many ranks, one finding: the same line (same rule, same words once numbers are masked)
+    printed by several ranks or processes becomes one finding carrying the rank list; the
+    other copies leave ``findings`` and ``consequences`` (their lines stay in ``folded``)."""
+    labels = {h.line.line_no: _rank_label(h) for h in live}
+    bodies = {h.line.line_no: h.line.body for h in live}
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    for f in findings:
+        if labels.get(f.line_no) is None:
+            continue
+        body = bodies.get(f.line_no, f.text)
+        groups.setdefault(
+            (
+                f.rule,
+                f.kind if f.kind != "consequence" else "failure",
+                _DIGITS.sub("#", body.strip()),
+            ),
+            [],
+        ).append(f)
+    folded: dict[int, Finding] = {}  # head line -> new head
+    drop: set[int] = set()
+    for members in groups.values():
+        ranks = list(dict.fromkeys(labels[m.line_no] or "" for m in members))
+        if len(ranks) < 2:
+            continue
+        head, rest = members[0], members[1:]
+        if first is not None and any(m.line_no == first.line_no for m in rest):
+            continue  # never fold the first causal failure away
+        folded[head.line_no] = replace(
+            head, ranks=tuple(ranks), folded=tuple(m.line_no for m in rest)
+        )
+        drop.update(m.line_no for m in rest)
+    if not folded:
+        return findings, consequences, first
+    new_findings = [folded.get(f.line_no, f) for f in findings if f.line_no not in drop]
+    new_cons = [folded.get(c.line_no, c) for c in consequences if c.line_no not in drop]
+    if first is not None:
+        first = folded.get(first.line_no, first)
+    return new_findings, new_cons, first
 
 
 def _context_categories(

@@ -243,6 +243,7 @@ class AnalysisEngine:
                     "why": rule.why,
                     "next_steps": list(rule.next_steps),
                     "severity": rule.severity,
+                    "status": rule.status,
                 }
         if res.first_failure is not None and res.first_failure.line_no in self._context:
             extra["first_failure_context"] = self._context[res.first_failure.line_no]

@@ -216,7 +216,9 @@ def run(rs: RuleSet, text: str):  # type: ignore[no-untyped-def]
     return analyze(text.encode(), ruleset=rs)
 
 
-def test_same_cause_repeated_by_another_rank_is_an_echo(rs: RuleSet) -> None:
+def test_same_cause_repeated_by_another_rank_is_one_finding_with_the_rank_list(
+    rs: RuleSet,
+) -> None:
     a = run(
         rs,
         "(Worker_TP0 pid=1) ERROR 05-10 12:00:00 [w.py:1] "
@@ -224,7 +226,22 @@ def test_same_cause_repeated_by_another_rank_is_an_echo(rs: RuleSet) -> None:
         "(Worker_TP1 pid=2) ERROR 05-10 12:00:01 [w.py:1] "
         "RuntimeError: NCCL error: unhandled system error\n",
     )
-    assert a.first_failure is not None and a.first_failure.line_no == 1
+    ff = a.first_failure
+    assert ff is not None and ff.line_no == 1
+    assert ff.ranks == ("rank0", "rank1") and ff.folded == (2,)
+    assert a.consequences == () and [f.line_no for f in a.findings] == [1]
+    assert a.to_json()["first_failure"]["ranks"] == ["rank0", "rank1"]
+
+
+def test_same_line_repeated_by_one_process_is_not_folded(rs: RuleSet) -> None:
+    a = run(
+        rs,
+        "(Worker_TP0 pid=1) ERROR 05-10 12:00:00 [w.py:1] "
+        "RuntimeError: NCCL error: unhandled system error\n"
+        "(Worker_TP0 pid=1) ERROR 05-10 12:00:01 [w.py:1] "
+        "RuntimeError: NCCL error: unhandled system error\n",
+    )
+    assert a.first_failure is not None and a.first_failure.ranks == ()
     assert [c.line_no for c in a.consequences] == [2]
     assert a.consequences[0].caused_by == 1
 
