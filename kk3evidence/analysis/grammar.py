@@ -40,6 +40,7 @@ __all__ = [
     "decode_line",
     "normalize_level",
     "parse_line",
+    "pattern_regex",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -163,21 +164,19 @@ def _literal(text: str) -> tuple[pp.ParserElement, str]:
     return el, head
 
 
-def compile_pattern(pattern: str) -> CompiledPattern:
-    """Compile one pattern of the rule mini-language (see docs/rules-format.md).
+_Token = tuple[str, str, str | None]
 
-    ``{*}`` any text (shortest) up to the next piece, ``{block}`` / ``{block:name}`` a shared
-    block from :data:`BLOCKS`, ``{{``/``}}`` literal braces, leading ``^`` anchors the match at
-    the start of the body; everything else is literal text with flexible whitespace.
-    """
+
+def _tokenize(pattern: str) -> tuple[bool, list[_Token]]:
+    """``(anchored, tokens)``: ("lit", text, None) | ("any", "*", capture) |
+    ("block", name, capture). Raises RuleError with the pattern and what to fix."""
     src = pattern
     anchored = pattern.startswith("^")
     if anchored:
         pattern = pattern[1:]
     if not pattern.strip():
         raise RuleError(f"pattern {src!r} is empty; give at least one literal word")
-    # Tokenise: ("lit", text) | ("any", capture) | ("block", name, capture)
-    tokens: list[tuple[str, str, str | None]] = []
+    tokens: list[_Token] = []
     pos = 0
     buf = ""
     while pos < len(pattern):
@@ -218,6 +217,50 @@ def compile_pattern(pattern: str) -> CompiledPattern:
         tokens.append(("lit", buf, None))
     if all(t[0] == "any" for t in tokens):
         raise RuleError(f"pattern {src!r} has no literal or block to match")
+    return anchored, tokens
+
+
+def pattern_regex(pattern: str) -> tuple[str, tuple[str, ...]]:
+    """The pattern as a portable regular expression over the line body, and its capture names
+    in group order (numbered groups only; no named-group syntax, which differs between
+    engines). Uses ``(?:…)``, ``(?!…)``, ``\\s``, ``\\d``, classes and lazy ``.*?``: the
+    common subset of Python ``re``, PCRE, Java and ECMAScript (not RE2: lookahead).
+    ``{*}`` becomes a lazy ``.*?`` (pyparsing's SkipTo does not backtrack, so the regex may
+    accept a little more than the engine)."""
+    anchored, tokens = _tokenize(pattern)
+    parts: list[str] = [r"^\s*"] if anchored else []
+    caps: list[str] = []
+    for i, (kind, val, cap) in enumerate(tokens):
+        if kind == "lit":
+            rx = "".join(
+                r"\s+" if p.isspace() else _portable_escape(p) for p in re.split(r"(\s+)", val) if p
+            )
+        elif kind == "block":
+            rx = f"(?:{_BLOCK_REGEX[val]})"
+        else:
+            rx = ".*?" if i < len(tokens) - 1 else ".*"
+        if cap:
+            caps.append(cap)
+            rx = f"({rx})"
+        parts.append(rx)
+    return "".join(parts), tuple(caps)
+
+
+def _portable_escape(text: str) -> str:
+    """Escape regex metacharacters only (Python's re.escape is fine for Python but the
+    result must also read the same in PCRE/ECMAScript: escape exactly the specials)."""
+    return "".join("\\" + c if c in r".^$*+?()[]{}|\/" else c for c in text)
+
+
+def compile_pattern(pattern: str) -> CompiledPattern:
+    """Compile one pattern of the rule mini-language (see docs/rules-format.md).
+
+    ``{*}`` any text (shortest) up to the next piece, ``{block}`` / ``{block:name}`` a shared
+    block from :data:`BLOCKS`, ``{{``/``}}`` literal braces, leading ``^`` anchors the match at
+    the start of the body; everything else is literal text with flexible whitespace.
+    """
+    src = pattern
+    anchored, tokens = _tokenize(pattern)
 
     # Build elements right-to-left so {*} can SkipTo the next piece.
     elements: list[pp.ParserElement] = []

@@ -1,4 +1,4 @@
-"""``kk3evidence rules list|show``: the shipped rules, as documentation or JSON."""
+"""``kk3evidence rules list|show|export``: the shipped rules as documentation, JSON, a pack."""
 
 from __future__ import annotations
 
@@ -73,3 +73,39 @@ def show_rule(rule_id: str, as_json: bool) -> None:
         echo_json(r.to_json())
     else:
         click.echo(_show(r))
+
+
+@command.command(name="export")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json"]),
+    default="json",
+    show_default=True,
+    help="Pack format (schemas/rule-pack.schema.json).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the pack to this file instead of stdout.",
+)
+@handle_errors
+def export_rules(fmt: str, output: str | None) -> None:
+    """Every rule as one versioned rule pack other tools can embed: anchors, the grammar as a
+    portable regex, examples with the body they match, stage, category, status, since,
+    references."""
+    from kk3evidence.analysis.rulepack import export_pack
+
+    pack = export_pack()
+    if output is None:
+        echo_json(pack)
+        return
+    import json
+    from pathlib import Path
+
+    try:
+        Path(output).write_text(json.dumps(pack, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    except OSError as err:
+        raise UsageError(f"{output}: cannot write the rule pack ({err.strerror})") from None
+    click.echo(f"wrote {output}: {len(pack['rules'])} rules, kk3evidence {pack['version']}")
