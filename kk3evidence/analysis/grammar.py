@@ -419,6 +419,25 @@ _BRACKET_LEVEL_RE = re.compile(
     r"^\[(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]\s*"
     r"(?:\[[^\]\s]{1,40}\]\s*)*(?:>>>\s?|[-:|]\s)?"
 )
+# Accelerators beyond CUDA (docs/rules-format.md, "Envelopes"). ROCm's HIP runtime log
+# (AMD_LOG_LEVEL): ":1:hip_code_object.cpp :505 : 99442499995 us: 350457: [tid:0x7f..] msg"
+# (older: "[pid:9 tid:0x..]"); the digit is the level (1 error .. 4 debug).
+_HIP_LOG_RE = re.compile(
+    r"^:(?P<lvl>[0-4]):(?P<src>[A-Za-z0-9_.\-]+)\s*:\s*(?P<line>\d+)\s*:\s*\d+ us:\s*"
+    r"(?:(?P<pid2>\d+):\s*)?\[(?:pid:(?P<pid>\d+)\s+)?tid:0x[0-9A-Fa-f]+\]\s?"
+)
+_HIP_LEVELS = {"0": "CRITICAL", "1": "ERROR", "2": "WARNING", "3": "INFO", "4": "DEBUG"}
+# Ascend CANN plog: "[ERROR] HCCL(36035,proc):2025-05-13-02:25:58.068.817 [op_base.cc:974][36818]"
+# and torch_npu: "[ERROR] 2025-09-03-03:02:37 (PID:7226, Device:1, RankID:-1) ERR02200 ...".
+_CANN_RE = re.compile(
+    r"^\[(?P<level>ERROR|WARNING|INFO|DEBUG|EVENT)\]\s+(?P<mod>[A-Z][A-Z0-9_]*)\((?P<pid>\d+),"
+    r"(?P<proc>[^)]*)\):(?P<ts>\d{4}-\d{2}-\d{2}-\d{2}:\d{2}:\d{2}(?:\.\d+)*)\s+"
+    r"\[(?P<src>[A-Za-z0-9_.\-]+:\d+)\](?:\[\d+\])?\s?"
+)
+_TORCH_NPU_RE = re.compile(
+    r"^\[(?P<level>ERROR|WARNING|INFO|DEBUG)\]\s+(?P<ts>\d{4}-\d{2}-\d{2}-\d{2}:\d{2}:\d{2})"
+    r"\s+\(PID:(?P<pid>\d+), Device:(?P<dev>-?\d+), RankID:(?P<rank>-?\d+)\)\s+"
+)
 _UVICORN_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _PYLOG_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<name>[\w.]+):")
 
@@ -444,6 +463,41 @@ def decode_line(raw: bytes | str) -> str:
     if "[0m" in text:
         text = _ANSI_REMNANT_RE.sub("", text).lstrip()
     return text
+
+
+_AccEnvelope = tuple[str | None, str | None, str | None, int | None, int | None, str]
+
+
+def _accelerator_envelope(rest: str) -> _AccEnvelope | None:
+    """(level, timestamp, source, pid, rank, body) of a ROCm HIP-runtime, Ascend CANN or
+    torch_npu line, else None."""
+    m = _HIP_LOG_RE.match(rest)
+    if m:
+        pid_s = m.group("pid") or m.group("pid2")
+        src = f"{m.group('src')}:{m.group('line')}"
+        return (
+            _HIP_LEVELS[m.group("lvl")],
+            None,
+            src,
+            int(pid_s) if pid_s else None,
+            None,
+            rest[m.end() :],
+        )
+    m = _CANN_RE.match(rest)
+    if m:
+        lvl = "INFO" if m.group("level") == "EVENT" else m.group("level")
+        return lvl, m.group("ts"), m.group("src"), int(m.group("pid")), None, rest[m.end() :]
+    m = _TORCH_NPU_RE.match(rest)
+    if m:
+        return (
+            m.group("level"),
+            m.group("ts"),
+            None,
+            int(m.group("pid")),
+            int(m.group("rank")),
+            rest[m.end() :],
+        )
+    return None
 
 
 def _docker_json_log(text: str) -> str:
@@ -577,7 +631,22 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
                 if lead in _LEVEL_INITIALS:
                     m = _UVICORN_RE.match(rest)
                 elif lead == "[":
-                    m = _BRACKET_LEVEL_RE.match(rest)
+                    acc = _accelerator_envelope(rest)
+                    if acc is not None:
+                        level, timestamp, src, apid, arank, rest = acc
+                        source = source or src
+                        pid = pid if apid is None else apid
+                        rank = rank if arank is None or arank < 0 else arank
+                        lead = ""
+                    else:
+                        m = _BRACKET_LEVEL_RE.match(rest)
+                elif lead == ":":
+                    acc = _accelerator_envelope(rest)
+                    if acc is not None:
+                        level, timestamp, src, apid, arank, rest = acc
+                        source = source or src
+                        pid = pid if apid is None else apid
+                        lead = ""
                 if m:
                     level = normalize_level(m.group("level"))
                     rest = rest[m.end() :]
