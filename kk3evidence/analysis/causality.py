@@ -297,10 +297,15 @@ def _fold_ranks(
     other copies leave ``findings`` and ``consequences`` (their lines stay in ``folded``)."""
     labels = {h.line.line_no: _rank_label(h) for h in live}
     bodies = {h.line.line_no: h.line.body for h in live}
+    per_rule: dict[str, set[str]] = {}
+    for f in findings:
+        lab = labels.get(f.line_no)
+        if lab is not None:
+            per_rule.setdefault(f.rule, set()).add(lab)
     groups: dict[tuple[str, str, str], list[Finding]] = {}
     for f in findings:
-        if labels.get(f.line_no) is None:
-            continue
+        if labels.get(f.line_no) is None or len(per_rule.get(f.rule, ())) < 2:
+            continue  # one rank only for this rule: nothing to fold
         body = bodies.get(f.line_no, f.text)
         groups.setdefault(
             (
