@@ -6,8 +6,9 @@ Definitions used here (documented in docs/rules-format.md):
   *consequence* when (a) an earlier failure has the same rule (the same cause repeated by
   another rank/process or re-printed by a parent process), (b) it is a later exception of a
   chained traceback whose earlier exception was already classified, (c) it comes from a
-  fallback rule (an unrecognised exception) after a recognised failure, or (d) it is an OOM,
-  compile or "other" failure after an earlier CUDA/driver/NCCL/illegal-memory failure.
+  fallback rule (an unrecognised exception) after a recognised failure (unless every earlier
+  root is a fallback of weaker ``evidence``: then it is a root too, and ranked), or (d) it is
+  an OOM, compile or "other" failure after an earlier CUDA/driver/NCCL/illegal-memory failure.
 * Consequence rules (``kind = "consequence"``) never become the first failure while any root
   exists.
 * The **first failure** is the earliest root of severity ``fatal``/``error`` (when every such
@@ -209,7 +210,9 @@ def resolve(
                 if after_shutdown and not roots:
                     dropped.add(no)
                     continue
-                cause = texts.get(_exc_text(ln.body)) or (roots[0] if roots else None)
+                cause = texts.get(_exc_text(ln.body))
+                if cause is None and roots and not _outranks(h, roots):
+                    cause = roots[0]
             elif r.category in _AFTERMATH:
                 for root in roots:
                     if r.category == "hang" and root.rule.severity not in _SERIOUS:
@@ -371,6 +374,14 @@ def _context_categories(
         if got is not None and got != r.category:
             out[ln.line_no] = got
     return out
+
+
+def _outranks(h: Classified, roots: list[Classified]) -> bool:
+    """A fallback with stronger evidence than every earlier root, all of them fallbacks (an
+    uncaught exception after a bare exit status): it stays a root, to be ranked."""
+    return all(r.rule.fallback for r in roots) and h.rule.evidence < min(
+        r.rule.evidence for r in roots
+    )
 
 
 def _best_root(roots: list[Classified]) -> Classified:

@@ -682,7 +682,9 @@ class AnalysisEngine:
             self._runs_memo[bodies] = got
         for idx, stage, cat in got:
             if stage is not None and len(self._hint_events) < MAX_HINTS:
-                self._hint_events.append(HintEvent(line_no + 1 + idx, stage, st.chain, st.index, True))
+                self._hint_events.append(
+                    HintEvent(line_no + 1 + idx, stage, st.chain, st.index, True)
+                )
             if cat is not None and len(self._cat_events) < MAX_HINTS:
                 self._cat_events.append(HintEvent(line_no + 1 + idx, cat, st.chain, st.index, True))
 

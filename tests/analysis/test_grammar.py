@@ -243,7 +243,8 @@ ENVELOPES = [
             "pid": 36035,
             "timestamp": "2025-05-13-02:25:58.068.817",
             "source_file": "op_base.cc:974",
-            "body": "[Init][CommRootInfoConfig]errNo[0x0000000005000002]HcclCommInitRootInfo failed.",
+            "body": "[Init][CommRootInfoConfig]errNo[0x0000000005000002]"
+            "HcclCommInitRootInfo failed.",
         },
     ),
     (
