@@ -11,6 +11,7 @@ the block size plus capped finding lists, whatever the log size.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import os
 import re
@@ -126,19 +127,59 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
 _FRAME_FUNC = re.compile(rb", in ([^\s,]+)[ \t]*\r?$", re.M)
 
 
-def _envelope_pattern(text_pfx: str, pfx: bytes, ts: str | None) -> tuple[bytes, bytes]:
-    """(regex, literal head) of an envelope prefix: the clock moves on within one traceback,
-    so its timestamp becomes any timestamp of the same shape."""
-    if ts and text_pfx.count(ts) == 1:
-        before, _, after = text_pfx.partition(ts)
-        gate = before.encode("utf-8", "surrogateescape")
-        key = (
-            re.escape(gate)
-            + re.sub(rb"\d", rb"\\d", re.escape(ts.encode()))
-            + re.escape(after.encode("utf-8", "surrogateescape"))
-        )
-        return key, gate
-    return re.escape(pfx), pfx
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """An envelope prefix as a regex shape shared by every process and restart: its timestamp
+    is any timestamp of the same form (the clock moves on within one traceback), its other
+    numbers (pids, ranks, source lines) are groups that later lines must repeat exactly
+    (backreferences), and ``expect`` holds this process's numbers for the first line."""
+
+    first: bytes  # regex of the first line's envelope (numbers as groups)
+    repeat: bytes  # regex of the following lines' envelope (numbers as backreferences)
+    strip: bytes  # any line's envelope of this shape (for taking bodies)
+    expect: tuple[bytes, ...]
+    gate: bytes  # the literal head, tested before any regex
+
+
+_NUM = re.compile(rb"\d+")
+
+
+def _envelope_shape(pfx: bytes, ts: bytes | None) -> _Shape:
+    parts: list[tuple[str, bytes]] = []  # ("lit" | "ts" | "num", text)
+    head, tail = pfx, b""
+    if ts and pfx.count(ts) == 1:
+        head, _, tail = pfx.partition(ts)
+    for chunk, kind in ((head, "pre"), (ts or b"", "ts"), (tail, "post")):
+        if kind == "ts":
+            if chunk and pfx.count(chunk) == 1:
+                parts.append(("ts", chunk))
+            continue
+        pos = 0
+        for m in _NUM.finditer(chunk):
+            parts.append(("lit", chunk[pos : m.start()]))
+            parts.append(("num", m.group()))
+            pos = m.end()
+        parts.append(("lit", chunk[pos:]))
+    first, repeat, strip = [], [], []
+    expect: list[bytes] = []
+    for kind, text in parts:
+        if kind == "lit":
+            esc = re.escape(text)
+            first.append(esc)
+            repeat.append(esc)
+            strip.append(esc)
+        elif kind == "ts":
+            gen = re.sub(rb"\d", rb"\\d", re.escape(text))
+            first.append(gen)
+            repeat.append(gen)
+            strip.append(gen)
+        else:
+            expect.append(text)
+            first.append(rb"(\d+)")
+            repeat.append(b"(?:\\%d)" % len(expect))
+            strip.append(rb"\d+")
+    gate = parts[0][1] if parts and parts[0][0] == "lit" else b""
+    return _Shape(b"".join(first), b"".join(repeat), b"".join(strip), tuple(expect), gate)
 
 
 class AnalysisEngine:
@@ -174,11 +215,9 @@ class AnalysisEngine:
         self._hi = 0
         # Frame-run fast path: the envelope prefix of the last frame line and its process key,
         # and the run patterns compiled per prefix.
-        self._run_pfx: bytes | None = None  # the envelope as a regex (timestamp generalised)
-        self._run_key: str | None = None
-        self._run_gate = b""  # its literal head: a cheap test before the regex
-        self._run_plen = 0  # its length on the line that set it
-        self._pfx_memo: dict[str, tuple[bytes, bytes]] = {}
+        self._run_shape: _Shape | None = None  # the envelope of the last frame line
+        self._run_key: str | None = None  # and its process
+        self._pfx_memo: dict[str, _Shape] = {}
         self._strip_res: dict[bytes, re.Pattern[bytes]] = {}
         self._runs_memo: dict[bytes, tuple[tuple[int, str | None, str | None], ...]] = {}
         self._run_stop = -1  # where the last frame run ended (no second try there)
@@ -322,9 +361,9 @@ class AnalysisEngine:
             if tracker.busy:
                 if (
                     FRAME_RUNS
-                    and self._run_pfx is not None
+                    and self._run_shape is not None
                     and pos != self._run_stop
-                    and block.startswith(self._run_gate, pos)
+                    and block.startswith(self._run_shape.gate, pos)
                 ):
                     end = self._frame_run(block, pos, n, line_no)
                     self._run_stop = end
@@ -585,9 +624,12 @@ class AnalysisEngine:
         """The classifier, memoised on what it reads: crash loops and dense serving crashes
         print the same messages over and over, and pyparsing is the cost on those lines."""
         down = self._shutdown_line is not None
+        body: object = line.body
         if len(line.body) > _MEMO_BODY:
-            return self._c.classifier.classify(line, ids, shutdown_requested=down)
-        key = (line.body, line.level, line.tb_role, tuple(ids), down)
+            # Long bodies (config and scheduler dumps) are remembered by digest, not by value.
+            body = hashlib.blake2b(line.body.encode("utf-8", "surrogatepass"), digest_size=16)
+            body = (len(line.body), body.digest())
+        key = (body, line.level, line.tb_role, tuple(ids), down)
         if key not in self._memo:
             hit = self._c.classifier.classify(line, ids, shutdown_requested=down)
             if len(self._memo) >= _MEMO_SIZE:
@@ -615,40 +657,42 @@ class AnalysisEngine:
         line, the following lines of the same process with the same envelope (any timestamp)
         and an indented body are frames of the same traceback."""
         if line.tb_role not in ("frame", "header") or not line.text.endswith(line.body):
-            self._run_pfx = None
+            self._run_shape = None
             return
         text_pfx = line.text[: len(line.text) - len(line.body)]
-        pfx = text_pfx.encode("utf-8", "surrogateescape")
-        if not raw.startswith(pfx) or raw.startswith(b'{"log":'):
-            self._run_pfx = None
-            return
         got = self._pfx_memo.get(text_pfx)
         if got is None:
-            got = _envelope_pattern(text_pfx, pfx, line.timestamp)
+            pfx = text_pfx.encode("utf-8", "surrogateescape")
+            ts = line.timestamp.encode("utf-8", "surrogateescape") if line.timestamp else None
+            got = _envelope_shape(pfx, ts)
             if len(self._pfx_memo) >= _MEMO_SIZE:
                 self._pfx_memo.clear()
             self._pfx_memo[text_pfx] = got
-        self._run_pfx, self._run_gate = got
+        if not raw.startswith(got.gate) or raw.startswith(b'{"log":'):
+            self._run_shape = None
+            return
+        self._run_shape = got
         self._run_key = line.key
-        self._run_plen = len(pfx)
 
     def _frame_run(self, block: bytes, pos: int, n: int, line_no: int) -> int:
         """Consume, at C speed, the run of frame lines starting at ``pos`` (same envelope,
         indented body, nothing the envelope parser would treat specially); return the offset
         after it (``pos`` when there is none). Frame hints in the run are recorded."""
-        key = self._run_pfx
-        assert key is not None
+        shape = self._run_shape
+        assert shape is not None
         st = self._tracker.frames_open(self._run_key)
         if st is None:
             return pos
-        rx = self._run_res.get(key)
+        rx = self._run_res.get(shape.first)
         if rx is None:
             if len(self._run_res) >= _MAX_RUN_PATTERNS:
                 self._run_res.clear()
-            rx = self._run_res[key] = re.compile(b"(?:" + key + _RUN_BODY + b")+")
+            rx = self._run_res[shape.first] = re.compile(
+                shape.first + _RUN_BODY + b"(?:" + shape.repeat + _RUN_BODY + b")*"
+            )
         m = rx.match(block, pos, n)
-        if m is None:
-            return pos
+        if m is None or m.groups() != shape.expect:
+            return pos  # another process's line (or none): the slow path decides
         end = m.end()
         for stop in _RUN_STOPS:
             at = block.find(stop, pos, end)
@@ -666,13 +710,13 @@ class AnalysisEngine:
         """Frame hints of the run ``block[pos:end]`` (its first line is ``line_no + 1``). The
         run's bodies (envelopes removed) decide them, so a traceback repeated by a crash loop
         is looked at once; the hint functions decide, exactly as on the slow path."""
-        key = self._run_pfx
-        assert key is not None
-        strip = self._strip_res.get(key)
+        shape = self._run_shape
+        assert shape is not None
+        strip = self._strip_res.get(shape.strip)
         if strip is None:
             if len(self._strip_res) >= _MAX_RUN_PATTERNS:
                 self._strip_res.clear()
-            strip = self._strip_res[key] = re.compile(b"^" + key, re.M)
+            strip = self._strip_res[shape.strip] = re.compile(b"^" + shape.strip, re.M)
         bodies = strip.sub(b"", block[pos:end])
         got = self._runs_memo.get(bodies)
         if got is None:
