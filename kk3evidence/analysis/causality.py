@@ -260,14 +260,9 @@ def resolve(
         if kind == "consequence" and no != first_no:
             consequences.append(f)
 
-    first_finding: Finding | None = None
-    if first is not None:
-        first_finding = next(f for f in findings if f.line_no == first_no)
-        if first.rule.fallback or kind_of[first.line.line_no] == "consequence":
-            # No rule knew the cause: the best evidence stands in for it (SPEC §4 basis).
-            first_finding = replace(first_finding, basis="fallback")
-            findings = [first_finding if f.line_no == first_no else f for f in findings]
-
+    # No rule knew the cause of a fallback first failure: the best evidence stands in for it.
+    unknown = first is not None and (first.rule.fallback or kind_of[first_no or 0] == "consequence")
+    findings, first_finding = _first_with_basis(findings, first_no, unknown)
     findings, consequences, first_finding = _fold_ranks(live, findings, consequences, first_finding)
     stages, last = _stages(evidence, first_finding, shutdown_line)
     return Resolution(
@@ -279,6 +274,19 @@ def resolve(
         first_captures=dict(first.captures) if first else {},
         notes=tuple(notes),
     )
+
+
+def _first_with_basis(
+    findings: list[Finding], first_no: int | None, unknown: bool
+) -> tuple[list[Finding], Finding | None]:
+    """The first failure's finding, with ``basis = "fallback"`` when no rule knew it."""
+    if first_no is None:
+        return findings, None
+    first = next(f for f in findings if f.line_no == first_no)
+    if not unknown:
+        return findings, first
+    first = replace(first, basis="fallback")
+    return [first if f.line_no == first_no else f for f in findings], first
 
 
 _DIGITS = re.compile(r"\d+")

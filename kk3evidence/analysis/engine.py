@@ -19,7 +19,7 @@ import stat
 import sys
 import tarfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -338,18 +338,7 @@ class AnalysisEngine:
         base = self.lines
         n = len(block) if hi is None else hi
         self._lo, self._hi = lo, n
-        hits = c.prefilter.scan(block, lo, n)
-        single = c.single
-        # Anchor-only milestones: only their first and last line per block matter.
-        firsts: dict[int, int] = {}
-        others: list[tuple[int, int]] = []
-        for end, aid in hits:
-            if single[aid]:
-                if aid not in firsts:
-                    firsts[aid] = end
-            else:
-                others.append((end, aid))
-
+        firsts, others = _split_hits(c.prefilter.scan(block, lo, n), c.single)
         noise_only = c.noise_only
         tracker = self._tracker
         pos = lo
@@ -360,20 +349,13 @@ class AnalysisEngine:
         find = block.find
         while pos < n:
             if tracker.busy:
-                if (
-                    FRAME_RUNS
-                    and self._run_shape is not None
-                    and pos != self._run_stop
-                    and block.startswith(self._run_shape.gate, pos)
-                ):
-                    end = self._frame_run(block, pos, n, line_no)
-                    self._run_stop = end
-                    if end > pos:
-                        line_no += count(b"\n", pos, end)
-                        while k < n_hits and others[k][0] <= end:
-                            k += 1
-                        pos = end
-                        continue
+                end = self._try_frame_run(block, pos, n, line_no)
+                if end > pos:
+                    line_no += count(b"\n", pos, end)
+                    while k < n_hits and others[k][0] <= end:
+                        k += 1
+                    pos = end
+                    continue
                 e = find(b"\n", pos, n)
                 if e < 0:
                     e = n
@@ -675,6 +657,16 @@ class AnalysisEngine:
         self._run_shape = got
         self._run_key = line.key
 
+    def _try_frame_run(self, block: bytes, pos: int, n: int, line_no: int) -> int:
+        """The end of a frame run at ``pos`` (``pos`` when there is none to take)."""
+        shape = self._run_shape
+        if not FRAME_RUNS or shape is None or pos == self._run_stop:
+            return pos
+        if not block.startswith(shape.gate, pos):
+            return pos
+        self._run_stop = self._frame_run(block, pos, n, line_no)
+        return self._run_stop
+
     def _frame_run(self, block: bytes, pos: int, n: int, line_no: int) -> int:
         """Consume, at C speed, the run of frame lines starting at ``pos`` (same envelope,
         indented body, nothing the envelope parser would treat specially); return the offset
@@ -751,6 +743,22 @@ class AnalysisEngine:
             if stage is not None or cat is not None:
                 out.append((i, stage, cat))
         return tuple(out)
+
+
+def _split_hits(
+    hits: Iterable[tuple[int, int]], single: Sequence[bool]
+) -> tuple[dict[int, int], list[tuple[int, int]]]:
+    """(first hit of each anchor-only milestone, every other hit): of anchor-only milestones
+    only the first and last line per block matter."""
+    firsts: dict[int, int] = {}
+    others: list[tuple[int, int]] = []
+    for end, aid in hits:
+        if single[aid]:
+            if aid not in firsts:
+                firsts[aid] = end
+        else:
+            others.append((end, aid))
+    return firsts, others
 
 
 def _context_around(

@@ -87,7 +87,7 @@ def _rule(rule: Rule) -> dict[str, Any]:
     }
 
 
-def export_pack(ruleset: RuleSet | None = None) -> dict[str, Any]:
+def export_pack(ruleset: RuleSet | None = None) -> dict[str, object]:
     """The rule pack (a JSON-ready dict): versioned by the kk3evidence version and by the
     sha256 of its rules, in precedence order."""
     rs = ruleset if ruleset is not None else load_rules()

@@ -108,4 +108,4 @@ def export_rules(fmt: str, output: str | None) -> None:
         Path(output).write_text(json.dumps(pack, indent=2, ensure_ascii=False) + "\n", "utf-8")
     except OSError as err:
         raise UsageError(f"{output}: cannot write the rule pack ({err.strerror})") from None
-    click.echo(f"wrote {output}: {len(pack['rules'])} rules, kk3evidence {pack['version']}")
+    click.echo(f"wrote {output}: {len(load_rules())} rules, kk3evidence {pack['version']}")
