@@ -164,3 +164,51 @@ def test_frame_runs_match_line_by_line_on_any_mix(lines: list[tuple[str, str]]) 
     body = "".join(p + t + "\n" for p, t in lines)
     fast, slow = _both((head + body + "RuntimeError: end\n").encode())
     assert fast == slow
+
+
+def test_an_unknown_error_in_a_tool_parser_while_serving_is_a_serving_failure() -> None:
+    a = _an(
+        "(APIServer pid=1) INFO 01-01 00:00:00 [launcher.py:1] Application startup complete.\n"
+        "(APIServer pid=1) ERROR 01-01 00:00:09 [serving_chat.py:1] Error in chat completion\n"
+        "Traceback (most recent call last):\n"
+        '  File "/v/vllm/entrypoints/openai/tool_parsers/kimi_k2_tool_parser.py", line 9, '
+        "in extract_tool_calls\n"
+        "    raise FrobError('bad section')\n"
+        "FrobError: bad section\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.rule == "EXC001" and ff.stage == "serving"
+
+
+def test_an_unknown_c10d_error_is_a_comm_group_failure() -> None:
+    a = _an(
+        "Traceback (most recent call last):\n"
+        '  File "/v/torch/distributed/distributed_c10d.py", line 9, in init_process_group\n'
+        "    store = TCPStore(host, port)\n"
+        "FrobError: the store went away\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.stage == "comm_group"
+
+
+def test_an_assertion_in_the_v1_kv_cache_manager_is_a_prefix_cache_failure() -> None:
+    a = _an(
+        "Traceback (most recent call last):\n"
+        '  File "/v/vllm/v1/core/sched/scheduler.py", line 9, in schedule\n'
+        '  File "/v/vllm/v1/core/kv_cache_manager.py", line 3, in allocate_slots\n'
+        "    assert num_computed_tokens <= len(blocks)\n"
+        "AssertionError\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.category == "prefix_cache" and ff.basis == "fallback"
+
+
+def test_a_specific_rule_keeps_its_category_whatever_the_frames_say() -> None:
+    a = _an(
+        "Traceback (most recent call last):\n"
+        '  File "/v/vllm/v1/core/kv_cache_manager.py", line 3, in allocate_slots\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a "
+        "total capacity of 79.19 GiB of which 1.00 MiB is free.\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.category == "oom" and ff.basis == "rule"
