@@ -62,9 +62,10 @@ _MAX_RUN_PATTERNS = 64
 # a line ("|", ESC, NUL, a bare CR) end the run afterwards (_RUN_STOPS, _frame_run): a
 # `[^\n]*` body is matched several times faster than a class with exclusions.
 _RUN_BODY = rb"(?:[ \t]+(?![ \t|>\"\[(]|(?:DEBUG|INFO|WARN|ERROR|CRITICAL)\b)[^\n]*)?\n"
-_MEMO_SIZE = 4096  # classified bodies remembered (then forgotten all at once: memory flat)
-_MEMO_BODY = 1024  # longer bodies are not remembered
-_MISS = object()
+_MEMO_SIZE = 4096  # lines remembered per memo (then forgotten all at once: memory flat)
+_MEMO_BODY = 1024  # longer lines: not remembered (envelopes) or remembered by digest (rules)
+_MEMO_RUN = 16384  # frame runs longer than this (deep recursion) are not remembered
+_MEMO_RUNS = 256  # frame-run bodies remembered (at most 4 MiB)
 #: the frame-run fast path (tests switch it off to compare with the line-by-line path)
 FRAME_RUNS = True
 _LOG_MEMBER = "logs/combined.log"
@@ -214,8 +215,7 @@ class AnalysisEngine:
         self._long_lines = 0
         self._lo = 0  # bounds of the block being processed
         self._hi = 0
-        # Frame-run fast path: the envelope prefix of the last frame line and its process key,
-        # and the run patterns compiled per prefix.
+        # Frame-run fast path (see _frame_run) and the memos of repeated lines.
         self._run_shape: _Shape | None = None  # the envelope of the last frame line
         self._run_key: str | None = None  # and its process
         self._pfx_memo: dict[str, _Shape] = {}
@@ -719,9 +719,10 @@ class AnalysisEngine:
         got = self._runs_memo.get(bodies)
         if got is None:
             got = self._hints_of(bodies)
-            if len(self._runs_memo) >= _MEMO_SIZE:
-                self._runs_memo.clear()
-            self._runs_memo[bodies] = got
+            if len(bodies) <= _MEMO_RUN:
+                if len(self._runs_memo) >= _MEMO_RUNS:
+                    self._runs_memo.clear()
+                self._runs_memo[bodies] = got
         for idx, stage, cat in got:
             if stage is not None and len(self._hint_events) < MAX_HINTS:
                 self._hint_events.append(
