@@ -438,6 +438,13 @@ _TORCH_NPU_RE = re.compile(
     r"^\[(?P<level>ERROR|WARNING|INFO|DEBUG)\]\s+(?P<ts>\d{4}-\d{2}-\d{2}-\d{2}:\d{2}:\d{2})"
     r"\s+\(PID:(?P<pid>\d+), Device:(?P<dev>-?\d+), RankID:(?P<rank>-?\d+)\)\s+"
 )
+# TensorFlow/XLA C++ logging (TPU and JAX stacks): "2023-03-23 02:02:25.057202: E
+# tensorflow/compiler/xla/xla_client/xla_util.cc:90] msg".
+_XLA_LOG_RE = re.compile(
+    r"^(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d+): (?P<level>[IWEF]) "
+    r"(?P<src>[A-Za-z0-9_.\-/]+:\d+)\]\s?"
+)
+_XLA_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _UVICORN_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _PYLOG_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<name>[\w.]+):")
 
@@ -469,8 +476,8 @@ _AccEnvelope = tuple[str | None, str | None, str | None, int | None, int | None,
 
 
 def _accelerator_envelope(rest: str) -> _AccEnvelope | None:
-    """(level, timestamp, source, pid, rank, body) of a ROCm HIP-runtime, Ascend CANN or
-    torch_npu line, else None."""
+    """(level, timestamp, source, pid, rank, body) of a ROCm HIP-runtime, TensorFlow/XLA,
+    Ascend CANN or torch_npu line, else None."""
     m = _HIP_LOG_RE.match(rest)
     if m:
         pid_s = m.group("pid") or m.group("pid2")
@@ -483,6 +490,10 @@ def _accelerator_envelope(rest: str) -> _AccEnvelope | None:
             None,
             rest[m.end() :],
         )
+    m = _XLA_LOG_RE.match(rest)
+    if m:
+        lvl = _XLA_LEVELS[m.group("level")]
+        return lvl, m.group("ts"), m.group("src"), None, None, rest[m.end() :]
     m = _CANN_RE.match(rest)
     if m:
         lvl = "INFO" if m.group("level") == "EVENT" else m.group("level")
@@ -640,7 +651,7 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
                         lead = ""
                     else:
                         m = _BRACKET_LEVEL_RE.match(rest)
-                elif lead == ":":
+                elif lead == ":" or lead.isdigit():
                     acc = _accelerator_envelope(rest)
                     if acc is not None:
                         level, timestamp, src, apid, arank, rest = acc

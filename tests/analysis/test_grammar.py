@@ -233,6 +233,18 @@ ENVELOPES = [
         "hipMemGetInfo: Returned hipErrorInvalidValue :",
         {"level": "INFO", "pid": 9, "body": "hipMemGetInfo: Returned hipErrorInvalidValue :"},
     ),
+    # TensorFlow/XLA logging (TPU), huggingface/transformers#22328
+    (
+        "2023-03-23 02:02:25.057202: E tensorflow/compiler/xla/xla_client/xla_util.cc:90]   "
+        "OP_REQUIRES failed at tpu_execute_op.cc:266 : RESOURCE_EXHAUSTED: Attempting to reserve",
+        {
+            "level": "ERROR",
+            "timestamp": "2023-03-23 02:02:25.057202",
+            "source_file": "tensorflow/compiler/xla/xla_client/xla_util.cc:90",
+            "body": "  OP_REQUIRES failed at tpu_execute_op.cc:266 : RESOURCE_EXHAUSTED: "
+            "Attempting to reserve",
+        },
+    ),
     # Ascend CANN plog and torch_npu
     (
         "[ERROR] HCCL(36035,mindie_llm_backend_connector):2025-05-13-02:25:58.068.817 "
