@@ -138,9 +138,9 @@ class _Shape:
 
     first: bytes  # regex of the first line's envelope (numbers as groups)
     repeat: bytes  # regex of the following lines' envelope (numbers as backreferences)
-    strip: bytes  # any line's envelope of this shape (for taking bodies)
     expect: tuple[bytes, ...]
     gate: bytes  # the literal head, tested before any regex
+    plen: int  # the envelope's length in bytes (every line of a run has it)
 
 
 _NUM = re.compile(rb"\d+")
@@ -162,26 +162,23 @@ def _envelope_shape(pfx: bytes, ts: bytes | None) -> _Shape:
             parts.append(("num", m.group()))
             pos = m.end()
         parts.append(("lit", chunk[pos:]))
-    first, repeat, strip = [], [], []
+    first, repeat = [], []
     expect: list[bytes] = []
     for kind, text in parts:
         if kind == "lit":
             esc = re.escape(text)
             first.append(esc)
             repeat.append(esc)
-            strip.append(esc)
         elif kind == "ts":
             gen = re.sub(rb"\d", rb"\\d", re.escape(text))
             first.append(gen)
             repeat.append(gen)
-            strip.append(gen)
         else:
             expect.append(text)
             first.append(rb"(\d+)")
             repeat.append(b"(?:\\%d)" % len(expect))
-            strip.append(rb"\d+")
     gate = parts[0][1] if parts and parts[0][0] == "lit" else b""
-    return _Shape(b"".join(first), b"".join(repeat), b"".join(strip), tuple(expect), gate)
+    return _Shape(b"".join(first), b"".join(repeat), tuple(expect), gate, len(pfx))
 
 
 class AnalysisEngine:
@@ -219,7 +216,6 @@ class AnalysisEngine:
         self._run_shape: _Shape | None = None  # the envelope of the last frame line
         self._run_key: str | None = None  # and its process
         self._pfx_memo: dict[str, _Shape] = {}
-        self._strip_res: dict[bytes, re.Pattern[bytes]] = {}
         self._runs_memo: dict[bytes, tuple[tuple[int, str | None, str | None], ...]] = {}
         self._run_stop = -1  # where the last frame run ended (no second try there)
         self._run_res: dict[bytes, re.Pattern[bytes]] = {}
@@ -686,36 +682,23 @@ class AnalysisEngine:
         m = rx.match(block, pos, n)
         if m is None or m.groups() != shape.expect:
             return pos  # another process's line (or none): the slow path decides
-        end = m.end()
-        cr = block.count(b"\r", pos, end)
-        if cr and cr != block.count(b"\r\n", pos, end):
-            bare = _BARE_CR.search(block, pos, end)
-            if bare is not None:
-                end = block.rfind(b"\n", pos, bare.start()) + 1
-        for stop in _RUN_STOPS:
-            at = block.find(stop, pos, end)
-            if at >= 0:
-                end = block.rfind(b"\n", pos, at) + 1
-        if end <= pos:
+        lines = block[pos : m.end()].split(b"\n")[:-1]
+        # Every line of the run has the same envelope length (same numbers, fixed-width clock).
+        bodies = [ln[shape.plen :] for ln in lines]
+        cut = _first_special(b"\n".join(bodies))
+        if cut == 0:
             return pos
-        self._run_hints(block, pos, end, line_no, st)
-        st.last_seen = line_no + block.count(b"\n", pos, end)
-        return end
+        if cut < len(lines):
+            lines, bodies = lines[:cut], bodies[:cut]
+        self._run_hints(b"\n".join(bodies), line_no, st)
+        st.last_seen = line_no + len(lines)
+        return pos + sum(map(len, lines)) + len(lines)
 
-    def _run_hints(
-        self, block: bytes, pos: int, end: int, line_no: int, st: TracebackState
-    ) -> None:
-        """Frame hints of the run ``block[pos:end]`` (its first line is ``line_no + 1``). The
-        run's bodies (envelopes removed) decide them, so a traceback repeated by a crash loop
-        is looked at once; the hint functions decide, exactly as on the slow path."""
-        shape = self._run_shape
-        assert shape is not None
-        strip = self._strip_res.get(shape.strip)
-        if strip is None:
-            if len(self._strip_res) >= _MAX_RUN_PATTERNS:
-                self._strip_res.clear()
-            strip = self._strip_res[shape.strip] = re.compile(b"^" + shape.strip, re.M)
-        bodies = strip.sub(b"", block[pos:end])
+    def _run_hints(self, bodies: bytes, line_no: int, st: TracebackState) -> None:
+        """Frame hints of a run whose bodies (envelopes removed, one per line) are ``bodies``
+        and whose first line is ``line_no + 1``. They are remembered per run body, so a
+        traceback repeated by a crash loop is looked at once; the hint functions decide,
+        exactly as on the slow path."""
         got = self._runs_memo.get(bodies)
         if got is None:
             got = self._hints_of(bodies)
@@ -725,11 +708,11 @@ class AnalysisEngine:
                 self._runs_memo[bodies] = got
         for idx, stage, cat in got:
             if stage is not None and len(self._hint_events) < MAX_HINTS:
-                self._hint_events.append(
-                    HintEvent(line_no + 1 + idx, stage, st.chain, st.index, True)
-                )
+                ev = HintEvent(line_no + 1 + idx, stage, st.chain, st.index, True)
+                self._hint_events.append(ev)
             if cat is not None and len(self._cat_events) < MAX_HINTS:
-                self._cat_events.append(HintEvent(line_no + 1 + idx, cat, st.chain, st.index, True))
+                ev = HintEvent(line_no + 1 + idx, cat, st.chain, st.index, True)
+                self._cat_events.append(ev)
 
     def _hints_of(self, bodies: bytes) -> tuple[tuple[int, str | None, str | None], ...]:
         """(line index, stage, category) of each frame line of a run that some hint names."""
@@ -744,6 +727,24 @@ class AnalysisEngine:
             if stage is not None or cat is not None:
                 out.append((i, stage, cat))
         return tuple(out)
+
+
+def _first_special(bodies: bytes) -> int:
+    """The index of the first body line the envelope parser or the tracker would treat
+    specially (see _RUN_STOPS; a bare CR), else the number of lines."""
+    cut = bodies.count(b"\n") + 1
+    for stop in _RUN_STOPS:
+        at = bodies.find(stop)
+        if at >= 0:
+            cut = min(cut, bodies.count(b"\n", 0, at))
+    cr = bodies.count(b"\r")
+    if cr:
+        closed = bodies + b"\n"  # each line's own CR (CRLF logs) is followed by a newline
+        if cr != closed.count(b"\r\n"):
+            bare = _BARE_CR.search(closed)
+            if bare is not None:
+                cut = min(cut, bodies.count(b"\n", 0, bare.start()))
+    return cut
 
 
 def _split_hits(
