@@ -153,11 +153,20 @@ _FRAME_LINES = st.sampled_from(
     ]
 )
 _PREFIXES = st.sampled_from(
-    ["", "(Worker pid=7) ERROR 11-30 01:56:46 [m.py:1] ", "[rank1]: ", "(EngineCore pid=8) "]
+    [
+        "",
+        "(Worker pid=7) ERROR 11-30 01:56:46 [m.py:1] ",
+        "(Worker pid=7) ERROR 11-30 01:56:47 [m.py:1] ",  # the clock moved on
+        "(Worker pid=8) ERROR 11-30 01:56:46 [m.py:1] ",  # another process, same shape
+        "(Worker pid=7) ERROR 11-30 01:56:46 [m.py:12] ",  # another source line
+        "[rank1]: ",
+        "[rank2]: ",
+        "(EngineCore pid=8) ",
+    ]
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(_PREFIXES, _FRAME_LINES), min_size=1, max_size=40))
 def test_frame_runs_match_line_by_line_on_any_mix(lines: list[tuple[str, str]]) -> None:
     head = "(Worker pid=7) ERROR 11-30 01:56:46 [m.py:1] Traceback (most recent call last):\n"
