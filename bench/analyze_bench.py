@@ -10,6 +10,8 @@ each child reports its own peak RSS (ru_maxrss); each tool runs --repeat times a
 run counts (other work on the machine only ever slows a run down). Usage:
 
     python bench/analyze_bench.py [--size-mb 1024] [--keep] [--engine hyperscan|ahocorasick]
+    python bench/analyze_bench.py --case crashloop     # 100 failing start-ups in one log
+    python bench/analyze_bench.py --case dense-errors  # a serving crash: 40,000 ERROR lines
 
 Prints a table and exits 0 (it measures; it does not judge).
 """
@@ -89,6 +91,46 @@ def build_log(path: Path, size_mb: int) -> dict[str, int]:
     return {"bytes": written, "chunks": chunks, "failing_startups": failures}
 
 
+_STAMP = re.compile(rb"(\d\d-\d\d) (\d\d):(\d\d):(\d\d)")
+_PID = re.compile(rb"pid=(\d+)")
+
+
+def _shift(data: bytes, seconds: int, pid_offset: int) -> bytes:
+    """The same log as if written ``seconds`` later by processes with other pids (a restart)."""
+
+    def stamp(m: re.Match[bytes]) -> bytes:
+        t = int(m.group(2)) * 3600 + int(m.group(3)) * 60 + int(m.group(4)) + seconds
+        h, rest = divmod(t % 86400, 3600)
+        return m.group(1) + b" %02d:%02d:%02d" % (h, rest // 60, rest % 60)
+
+    data = _STAMP.sub(stamp, data)
+    return _PID.sub(lambda m: b"pid=%d" % (int(m.group(1)) + pid_offset), data)
+
+
+def build_crash_loop(path: Path, restarts: int = 100) -> dict[str, int]:
+    """A pod restarting ``restarts`` times, each start-up failing the same way (a real failing
+    start-up, its timestamps and pids moved on by every restart)."""
+    one = b"".join(_read("realrun-fail-kv-cache-too-small"))
+    with path.open("wb") as out:
+        for i in range(restarts):
+            out.write(_shift(one, i * 45, i * 1000))
+    return {"bytes": path.stat().st_size, "chunks": restarts, "failing_startups": restarts}
+
+
+def build_dense_errors(path: Path, errors: int = 40_000) -> dict[str, int]:
+    """A serving crash that logs ``errors`` ERROR lines: the real first-request crash's ERROR
+    lines (tracebacks from the worker, engine core and API server) repeated, the clock moving
+    one second per 1,000 lines."""
+    lines = [ln for ln in _read("realrun-fail-headdim16-first-request") if b" ERROR " in ln]
+    startup = [ln for ln in _read("realrun-fail-headdim16-first-request") if b" ERROR " not in ln]
+    with path.open("wb") as out:
+        out.write(b"".join(startup))
+        for start in range(0, errors, 1000):
+            block = b"".join(lines[i % len(lines)] for i in range(start, min(errors, start + 1000)))
+            out.write(_shift(block, start // 1000, 0))
+    return {"bytes": path.stat().st_size, "chunks": 1, "failing_startups": 1}
+
+
 def anchors() -> list[str]:
     sys.path.insert(0, str(REPO))
     from kk3evidence.analysis.engine import _STRUCTURAL_ANCHORS
@@ -143,6 +185,13 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the generated log")
     ap.add_argument("--engine", choices=["hyperscan", "re2", "ahocorasick"], default=None)
     ap.add_argument("--repeat", type=int, default=2, help="runs per tool; the best is kept")
+    ap.add_argument(
+        "--case",
+        choices=["serving", "crashloop", "dense-errors"],
+        default="serving",
+        help="serving: the >= 1 GB mostly-healthy log (--size-mb); crashloop: 100 failing "
+        "start-ups; dense-errors: a serving crash with 40,000 ERROR lines",
+    )
     args = ap.parse_args()
     if shutil.which("grep") is None:
         sys.exit("bench: grep not found")
@@ -151,7 +200,12 @@ def main() -> int:
     log = tmp / "big.log"
     try:
         t0 = time.perf_counter()
-        info = build_log(log, args.size_mb)
+        if args.case == "crashloop":
+            info = build_crash_loop(log)
+        elif args.case == "dense-errors":
+            info = build_dense_errors(log)
+        else:
+            info = build_log(log, args.size_mb)
         gen_s = time.perf_counter() - t0
         mb = info["bytes"] / 1e6
         pats = anchors()
@@ -187,7 +241,8 @@ def main() -> int:
 
         engine = Prefilter(["xxxx"], [False], engine=args.engine).engine
         rows = [
-            ("log size", f"{mb:,.0f} MB ({a_doc['lines']:,} lines, generated in {gen_s:.1f} s)"),
+            ("case", args.case),
+            ("log size", f"{mb:,.1f} MB ({a_doc['lines']:,} lines, generated in {gen_s:.1f} s)"),
             ("anchors", f"{len(pats)} literals (grep: one -E alternation, LC_ALL=C)"),
             ("prefilter engine", engine),
             ("grep -c -E", f"{g_s:7.2f} s {mb / g_s:7.0f} MB/s  ({g_count} matching lines)"),

@@ -79,9 +79,13 @@ class Finding:
     severity: str = "error"
     caused_by: int | None = None  # line_no of the failure this consequence reports
     basis: str = "rule"  # BASES: how a first causal failure was found
+    #: the ranks/processes that printed this same line (one finding for N ranks), in log order
+    ranks: tuple[str, ...] = ()
+    #: line numbers of the other ranks' copies folded into this finding
+    folded: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "line_no": self.line_no,
             "rule": self.rule,
             "stage": self.stage,
@@ -92,6 +96,10 @@ class Finding:
             "process": self.process,
             "caused_by": self.caused_by,
         }
+        if self.ranks:
+            out["ranks"] = list(self.ranks)
+            out["folded_lines"] = list(self.folded)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +169,7 @@ class Analysis:
                 "text": ff.text,
                 "process": ff.process,
                 "basis": ff.basis,
+                **({"ranks": list(ff.ranks)} if ff.ranks else {}),
             },
             "consequences": [
                 {"line_no": c.line_no, "rule": c.rule, "text": c.text} for c in self.consequences
@@ -174,9 +183,9 @@ class Analysis:
 def _attach_extras(entry: dict[str, Any], extra: dict[str, Any]) -> None:
     entry["first_failure"] = True
     info = extra.get("first_failure_rule") or {}
-    for key in ("name", "summary", "why", "next_steps"):
+    for key in ("name", "summary", "why", "next_steps", "status"):
         if key in info:
-            entry["rule_name" if key == "name" else key] = info[key]
+            entry[{"name": "rule_name", "status": "rule_status"}.get(key, key)] = info[key]
     for src, dst in (
         ("first_failure_captures", "captures"),
         ("first_failure_context", "context"),

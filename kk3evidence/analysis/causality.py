@@ -6,12 +6,15 @@ Definitions used here (documented in docs/rules-format.md):
   *consequence* when (a) an earlier failure has the same rule (the same cause repeated by
   another rank/process or re-printed by a parent process), (b) it is a later exception of a
   chained traceback whose earlier exception was already classified, (c) it comes from a
-  fallback rule (an unrecognised exception) after a recognised failure, or (d) it is an OOM,
-  compile or "other" failure after an earlier CUDA/driver/NCCL/illegal-memory failure.
+  fallback rule (an unrecognised exception) after a recognised failure (unless every earlier
+  root is a fallback of weaker ``evidence``: then it is a root too, and ranked), or (d) it is
+  an OOM, compile or "other" failure after an earlier CUDA/driver/NCCL/illegal-memory failure.
 * Consequence rules (``kind = "consequence"``) never become the first failure while any root
   exists.
-* The **first failure** is the earliest root of severity ``fatal``/``error``; a run with only
-  warning-severity roots and no consequence line has no first failure.
+* The **first failure** is the earliest root of severity ``fatal``/``error`` (when every such
+  root is a fallback, the one with the strongest ``evidence`` rank, earliest among equals; its
+  ``basis`` is then ``"fallback"``); a run with only warning-severity roots and no consequence
+  line has no first failure.
 * After a requested shutdown (a ``marks = "shutdown"`` milestone: SIGINT, "shutdown triggered"),
   consequence lines with no earlier failure and fallback exceptions are shutdown noise.
 * Stage time order (how vLLM really proceeds) differs from the SPEC table order: the
@@ -22,8 +25,9 @@ Definitions used here (documented in docs/rules-format.md):
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kk3evidence.analysis.classify import Classified
@@ -49,6 +53,23 @@ _AFTERMATH: dict[str, frozenset[str]] = {
     "compile": frozenset({"cuda_init", "driver_mismatch", "illegal_memory"}),
     "other": frozenset({"cuda_init", "driver_mismatch", "nccl", "illegal_memory", "oom"}),
     "nccl": frozenset({"cuda_init", "driver_mismatch", "illegal_memory"}),
+    # SPEC §2: a timeout after another rank or process stated a failure is its consequence.
+    "hang": frozenset(
+        {
+            "cuda_init",
+            "driver_mismatch",
+            "nccl",
+            "oom",
+            "kv_cache",
+            "prefix_cache",
+            "weights",
+            "config",
+            "port",
+            "compile",
+            "illegal_memory",
+            "other",
+        }
+    ),
 }
 _SERIOUS = frozenset({"fatal", "error"})
 # Categories whose failures can strike in any stage (their rule's stage is only the usual one).
@@ -124,6 +145,7 @@ def resolve(
     completable: frozenset[str] = frozenset(),
     hints: Sequence[HintEvent] = (),
     policy: StageHints | None = None,
+    category_hints: Sequence[HintEvent] = (),
 ) -> Resolution:
     """Decide roots, consequences and the first failure from the classified lines.
 
@@ -156,6 +178,8 @@ def resolve(
         if stage is not None:
             stage_of[h.line.line_no] = stage
 
+    cat_of = _context_categories(kept, HintIndex(category_hints), pol)
+
     roots: list[Classified] = []
     first_by_rule: dict[str, Classified] = {}
     chain_first: dict[int, Classified] = {}
@@ -186,9 +210,13 @@ def resolve(
                 if after_shutdown and not roots:
                     dropped.add(no)
                     continue
-                cause = texts.get(_exc_text(ln.body)) or (roots[0] if roots else None)
+                cause = texts.get(_exc_text(ln.body))
+                if cause is None and roots and not _outranks(h, roots):
+                    cause = roots[0]
             elif r.category in _AFTERMATH:
                 for root in roots:
+                    if r.category == "hang" and root.rule.severity not in _SERIOUS:
+                        continue  # a warning does not explain a timeout
                     if root.rule.category in _AFTERMATH[r.category]:
                         cause = root
                         break
@@ -209,7 +237,7 @@ def resolve(
     has_consequence = any(kind_of[h.line.line_no] == "consequence" for h in live)
     first: Classified | None = None
     if serious_roots:
-        first = serious_roots[0]
+        first = _best_root(serious_roots)
     elif roots and has_consequence:
         first = roots[0]
     elif has_consequence:
@@ -227,15 +255,15 @@ def resolve(
         caused = cause_of.get(no)
         if kind == "consequence" and caused is None and first_no is not None and no != first_no:
             caused = first_no
-        f = h.finding(stage=stage_of.get(no), kind=kind, caused_by=caused)
+        f = h.finding(stage=stage_of.get(no), kind=kind, caused_by=caused, category=cat_of.get(no))
         findings.append(f)
         if kind == "consequence" and no != first_no:
             consequences.append(f)
 
-    first_finding: Finding | None = None
-    if first is not None:
-        first_finding = next(f for f in findings if f.line_no == first_no)
-
+    # No rule knew the cause of a fallback first failure: the best evidence stands in for it.
+    unknown = first is not None and (first.rule.fallback or kind_of[first_no or 0] == "consequence")
+    findings, first_finding = _first_with_basis(findings, first_no, unknown)
+    findings, consequences, first_finding = _fold_ranks(live, findings, consequences, first_finding)
     stages, last = _stages(evidence, first_finding, shutdown_line)
     return Resolution(
         first_failure=first_finding,
@@ -246,6 +274,132 @@ def resolve(
         first_captures=dict(first.captures) if first else {},
         notes=tuple(notes),
     )
+
+
+def _first_with_basis(
+    findings: list[Finding], first_no: int | None, unknown: bool
+) -> tuple[list[Finding], Finding | None]:
+    """The first failure's finding, with ``basis = "fallback"`` when no rule knew it."""
+    if first_no is None:
+        return findings, None
+    first = next(f for f in findings if f.line_no == first_no)
+    if not unknown:
+        return findings, first
+    first = replace(first, basis="fallback")
+    return [first if f.line_no == first_no else f for f in findings], first
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _rank_label(h: Classified) -> str | None:
+    ln = h.line
+    return f"rank{ln.rank}" if ln.rank is not None else ln.process
+
+
+def _fold_ranks(
+    live: Sequence[Classified],
+    findings: list[Finding],
+    consequences: list[Finding],
+    first: Finding | None,
+) -> tuple[list[Finding], list[Finding], Finding | None]:
+    """Many ranks, one finding: the same line (same rule, same words once numbers are masked)
+    printed by several ranks or processes becomes one finding carrying the rank list; the
+    other copies leave ``findings`` and ``consequences`` (their lines stay in ``folded``)."""
+    labels = {h.line.line_no: _rank_label(h) for h in live}
+    bodies = {h.line.line_no: h.line.body for h in live}
+    per_rule: dict[str, set[str]] = {}
+    for f in findings:
+        lab = labels.get(f.line_no)
+        if lab is not None:
+            per_rule.setdefault(f.rule, set()).add(lab)
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    for f in findings:
+        if labels.get(f.line_no) is None or len(per_rule.get(f.rule, ())) < 2:
+            continue  # one rank only for this rule: nothing to fold
+        body = bodies.get(f.line_no, f.text)
+        groups.setdefault(
+            (
+                f.rule,
+                f.kind if f.kind != "consequence" else "failure",
+                _DIGITS.sub("#", body.strip()),
+            ),
+            [],
+        ).append(f)
+    folded: dict[int, Finding] = {}  # head line -> new head
+    drop: set[int] = set()
+    for members in groups.values():
+        ranks = list(dict.fromkeys(labels[m.line_no] or "" for m in members))
+        if len(ranks) < 2:
+            continue
+        head, rest = members[0], members[1:]
+        if first is not None and any(m.line_no == first.line_no for m in rest):
+            continue  # never fold the first causal failure away
+        folded[head.line_no] = replace(
+            head, ranks=tuple(ranks), folded=tuple(m.line_no for m in rest)
+        )
+        drop.update(m.line_no for m in rest)
+    if not folded:
+        return findings, consequences, first
+    new_findings = [folded.get(f.line_no, f) for f in findings if f.line_no not in drop]
+    new_cons = [folded.get(c.line_no, c) for c in consequences if c.line_no not in drop]
+    if first is not None:
+        first = folded.get(first.line_no, first)
+    return new_findings, new_cons, first
+
+
+def _context_categories(
+    kept: Sequence[Classified], index: HintIndex, policy: StageHints
+) -> dict[int, str]:
+    """Line -> category for failures whose rule's category the context may replace
+    (``category_context`` in ``rules/stage-hints.toml``): the failure line's own words first,
+    then the frames of its traceback (innermost first), then the nearest hinted line."""
+    if not policy.category_context:
+        return {}
+    out: dict[int, str] = {}
+    for h in kept:
+        r = h.rule
+        if r.kind != "failure" or r.category not in policy.category_context:
+            continue
+        if r.id in policy.fixed_rules:
+            continue
+        ln = h.line
+        got = policy.self_category(ln.body)
+        if got is None and ln.tb_chain is not None:
+            own = [e for e in index.by_chain.get(ln.tb_chain, []) if e.index <= ln.tb_index]
+            if own:
+                first_index = min(e.index for e in own)
+                got = [e for e in own if e.index == first_index][-1].stage
+        if got is None:
+            no = ln.line_no
+            near = [
+                e
+                for e in index.around(no - policy.window_before, no + policy.window_after)
+                if not e.frame
+            ]
+            if near:
+                got = min(near, key=lambda e: (abs(e.line_no - no), e.line_no)).stage
+        if got is not None and got != r.category:
+            out[ln.line_no] = got
+    return out
+
+
+def _outranks(h: Classified, roots: list[Classified]) -> bool:
+    """A fallback with stronger evidence than every earlier root, all of them fallbacks (an
+    uncaught exception after a bare exit status): it stays a root, to be ranked."""
+    return all(r.rule.fallback for r in roots) and h.rule.evidence < min(
+        r.rule.evidence for r in roots
+    )
+
+
+def _best_root(roots: list[Classified]) -> Classified:
+    """The first causal failure among the serious roots: the earliest, unless every root is a
+    fallback (an error no rule knew); then the strongest evidence wins (an uncaught exception
+    over a bare ERROR line over a fatal signal over an exit status), earliest among equals."""
+    if not all(h.rule.fallback for h in roots):
+        return roots[0]
+    best = min(h.rule.evidence for h in roots)
+    return next(h for h in roots if h.rule.evidence == best)
 
 
 def _failure_stage(

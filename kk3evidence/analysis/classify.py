@@ -26,7 +26,12 @@ class Classified:
     captures: dict[str, str] = field(default_factory=dict)
 
     def finding(
-        self, *, stage: str | None = None, kind: str | None = None, caused_by: int | None = None
+        self,
+        *,
+        stage: str | None = None,
+        kind: str | None = None,
+        caused_by: int | None = None,
+        category: str | None = None,
     ) -> Finding:
         r = self.rule
         k = kind or r.kind
@@ -34,7 +39,7 @@ class Classified:
             line_no=self.line.line_no,
             rule=r.id,
             stage=stage or r.stage or "container_init",
-            category=r.category,
+            category=category or r.category,
             kind=k,  # type: ignore[arg-type]
             text=self.line.text,
             process=self.line.process,

@@ -11,22 +11,31 @@ the block size plus capped finding lists, whatever the log size.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import os
+import re
 import stat
 import sys
 import tarfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
 from kk3evidence.analysis.causality import HintEvent, StageEvidence, resolve
 from kk3evidence.analysis.classify import Classified, Classifier
-from kk3evidence.analysis.grammar import TB_HEADER, TracebackTracker, decode_line, parse_line
+from kk3evidence.analysis.grammar import (
+    TB_HEADER,
+    LogLine,
+    TracebackState,
+    TracebackTracker,
+    decode_line,
+    parse_line,
+)
 from kk3evidence.analysis.prefilter import Prefilter
-from kk3evidence.analysis.rules import RuleSet, StageHints, load_rules, load_stage_hints
+from kk3evidence.analysis.rules import Rule, RuleSet, StageHints, load_rules, load_stage_hints
 from kk3evidence.bundle.archive import open_bundle
 from kk3evidence.errors import InputError
 from kk3evidence.model import Analysis
@@ -43,6 +52,23 @@ MAX_KEPT_TEXT = 8192  # characters of a finding's line kept (longer lines are da
 # Not rule anchors: they start traceback tracking (frames of an excerpt may lack the header).
 _STRUCTURAL_ANCHORS = (TB_HEADER, 'File "')
 _BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+# A frame run (see AnalysisEngine._frame_run) stops before lines the envelope parser treats
+# specially (ANSI remnants, Ray's repeat suffix) or that open a new traceback.
+# (bytes.find per stop: several times faster than one regex alternation over a run)
+_RUN_STOPS = (b"|", b"\x1b", b"\x00", b"^[[", b"[0m", b"across cluster]", TB_HEADER.encode())
+_BARE_CR = re.compile(rb"\r(?!\n)")
+_MAX_RUN_PATTERNS = 64
+# An indented body (or none) that the envelope parser would not peel; the lookahead refuses
+# whitespace too, so it sits at the end of the indentation. Bytes it would act on anywhere in
+# a line ("|", ESC, NUL, a bare CR) end the run afterwards (_RUN_STOPS, _frame_run): a
+# `[^\n]*` body is matched several times faster than a class with exclusions.
+_RUN_BODY = rb"(?:[ \t]+(?![ \t|>\"\[(]|(?:DEBUG|INFO|WARN|ERROR|CRITICAL)\b)[^\n]*)?\n"
+_MEMO_SIZE = 4096  # lines remembered per memo (then forgotten all at once: memory flat)
+_MEMO_BODY = 1024  # longer lines: not remembered (envelopes) or remembered by digest (rules)
+_MEMO_RUN = 16384  # frame runs longer than this (deep recursion) are not remembered
+_MEMO_RUNS = 256  # frame-run bodies remembered (at most 4 MiB)
+#: the frame-run fast path (tests switch it off to compare with the line-by-line path)
+FRAME_RUNS = True
 _LOG_MEMBER = "logs/combined.log"
 
 
@@ -57,6 +83,8 @@ class _Compiled:
     completable: frozenset[str]  # stages with completion milestones
     hints: StageHints
     hint_ids: frozenset[int]  # anchors that are `line` stage hints
+    frame_funcs: frozenset[bytes]  # frame hints (fast path inside tracebacks)
+    frame_subs: tuple[bytes, ...]
 
 
 _CACHE: dict[int, _Compiled] = {}
@@ -72,7 +100,7 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
     noise_only = [all(r.kind == "noise" for r in rules) for rules in ruleset.anchor_rules]
     hints = load_stage_hints()
     structural = list(_STRUCTURAL_ANCHORS)
-    structural += [n for n, _ in hints.line if n not in structural]
+    structural += [n for n in hints.line_needles if n not in structural]
     for a in structural:
         anchors.append(a)
         single.append(False)
@@ -90,10 +118,68 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
             if r.kind == "milestone" and r.stage and r.marks in ("complete", "ready")
         ),
         hints=hints,
-        hint_ids=frozenset(i for i, a in enumerate(anchors) if a in {n for n, _ in hints.line}),
+        hint_ids=frozenset(i for i, a in enumerate(anchors) if a in set(hints.line_needles)),
+        frame_funcs=frozenset(f.encode() for f in (*hints.frame_funcs, *hints.cat_funcs)),
+        frame_subs=tuple(sorted({n.encode() for n, _ in (*hints.frame_subs, *hints.cat_subs)})),
     )
     _CACHE[key] = c
     return c
+
+
+# The function name at the end of a frame line (``File "…", line N, in <name>``).
+_FRAME_FUNC = re.compile(rb", in ([^\s,]+)[ \t]*\r?$", re.M)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """An envelope prefix as a regex shape shared by every process and restart: its timestamp
+    is any timestamp of the same form (the clock moves on within one traceback), its other
+    numbers (pids, ranks, source lines) are groups that later lines must repeat exactly
+    (backreferences), and ``expect`` holds this process's numbers for the first line."""
+
+    first: bytes  # regex of the first line's envelope (numbers as groups)
+    repeat: bytes  # regex of the following lines' envelope (numbers as backreferences)
+    expect: tuple[bytes, ...]
+    gate: bytes  # the literal head, tested before any regex
+    plen: int  # the envelope's length in bytes (every line of a run has it)
+
+
+_NUM = re.compile(rb"\d+")
+
+
+def _envelope_shape(pfx: bytes, ts: bytes | None) -> _Shape:
+    parts: list[tuple[str, bytes]] = []  # ("lit" | "ts" | "num", text)
+    head, tail = pfx, b""
+    if ts and pfx.count(ts) == 1:
+        head, _, tail = pfx.partition(ts)
+    for chunk, kind in ((head, "pre"), (ts or b"", "ts"), (tail, "post")):
+        if kind == "ts":
+            if chunk and pfx.count(chunk) == 1:
+                parts.append(("ts", chunk))
+            continue
+        pos = 0
+        for m in _NUM.finditer(chunk):
+            parts.append(("lit", chunk[pos : m.start()]))
+            parts.append(("num", m.group()))
+            pos = m.end()
+        parts.append(("lit", chunk[pos:]))
+    first, repeat = [], []
+    expect: list[bytes] = []
+    for kind, text in parts:
+        if kind == "lit":
+            esc = re.escape(text)
+            first.append(esc)
+            repeat.append(esc)
+        elif kind == "ts":
+            gen = re.sub(rb"\d", rb"\\d", re.escape(text))
+            first.append(gen)
+            repeat.append(gen)
+        else:
+            expect.append(text)
+            first.append(rb"(\d+)")
+            repeat.append(b"(?:\\%d)" % len(expect))
+    gate = parts[0][1] if parts and parts[0][0] == "lit" else b""
+    return _Shape(b"".join(first), b"".join(repeat), tuple(expect), gate, len(pfx))
 
 
 class AnalysisEngine:
@@ -119,6 +205,7 @@ class AnalysisEngine:
         self.lines = 0  # complete lines consumed
         self._hits: list[Classified] = []
         self._hint_events: list[HintEvent] = []
+        self._cat_events: list[HintEvent] = []  # category hints: ``stage`` holds a category
         self._hits_dropped = 0
         self._evidence: dict[str, StageEvidence] = {}
         self._shutdown_line: int | None = None
@@ -126,6 +213,15 @@ class AnalysisEngine:
         self._long_lines = 0
         self._lo = 0  # bounds of the block being processed
         self._hi = 0
+        # Frame-run fast path (see _frame_run) and the memos of repeated lines.
+        self._run_shape: _Shape | None = None  # the envelope of the last frame line
+        self._run_key: str | None = None  # and its process
+        self._pfx_memo: dict[str, _Shape] = {}
+        self._runs_memo: dict[bytes, tuple[tuple[int, str | None, str | None], ...]] = {}
+        self._run_stop = -1  # where the last frame run ended (no second try there)
+        self._run_res: dict[bytes, re.Pattern[bytes]] = {}
+        self._memo: dict[tuple[object, ...], tuple[Rule, dict[str, str]] | None] = {}
+        self._env_memo: dict[bytes, LogLine] = {}
 
     @property
     def prefilter_engine(self) -> str:
@@ -191,6 +287,7 @@ class AnalysisEngine:
             chain_links=self._tracker.chain_links,
             hints=self._hint_events,
             policy=self._c.hints,
+            category_hints=self._cat_events,
         )
         extra: dict[str, Any] = {}
         if res.first_captures:
@@ -204,6 +301,7 @@ class AnalysisEngine:
                     "why": rule.why,
                     "next_steps": list(rule.next_steps),
                     "severity": rule.severity,
+                    "status": rule.status,
                 }
         if res.first_failure is not None and res.first_failure.line_no in self._context:
             extra["first_failure_context"] = self._context[res.first_failure.line_no]
@@ -237,18 +335,7 @@ class AnalysisEngine:
         base = self.lines
         n = len(block) if hi is None else hi
         self._lo, self._hi = lo, n
-        hits = c.prefilter.scan(block, lo, n)
-        single = c.single
-        # Anchor-only milestones: only their first and last line per block matter.
-        firsts: dict[int, int] = {}
-        others: list[tuple[int, int]] = []
-        for end, aid in hits:
-            if single[aid]:
-                if aid not in firsts:
-                    firsts[aid] = end
-            else:
-                others.append((end, aid))
-
+        firsts, others = _split_hits(c.prefilter.scan(block, lo, n), c.single)
         noise_only = c.noise_only
         tracker = self._tracker
         pos = lo
@@ -259,6 +346,13 @@ class AnalysisEngine:
         find = block.find
         while pos < n:
             if tracker.busy:
+                end = self._try_frame_run(block, pos, n, line_no)
+                if end > pos:
+                    line_no += count(b"\n", pos, end)
+                    while k < n_hits and others[k][0] <= end:
+                        k += 1
+                    pos = end
+                    continue
                 e = find(b"\n", pos, n)
                 if e < 0:
                     e = n
@@ -411,16 +505,13 @@ class AnalysisEngine:
         raw = block[s:e]
         if anchor_ids and not self._c.prefilter.exact_ids:
             anchor_ids = self._c.prefilter.line_anchor_ids(raw)
-        line = parse_line(line_no, raw)
+        line = self._parse(line_no, raw)
         line = self._tracker.feed(line)
+        self._remember_prefix(raw, line)
         hints = self._c.hints
         if line.tb_role == "frame":
-            if hints.frame and len(self._hint_events) < MAX_HINTS:
-                st = hints.frame_stage(line.body)
-                if st is not None:
-                    self._hint_events.append(
-                        HintEvent(line_no, st, line.tb_chain, line.tb_index, True)
-                    )
+            if len(self._hint_events) < MAX_HINTS:
+                self._frame_hint(line_no, line.body, line.tb_chain, line.tb_index)
             return
         if line.tb_role in ("header", "separator"):
             return
@@ -434,13 +525,16 @@ class AnalysisEngine:
                 self._hint_events.append(
                     HintEvent(line_no, st, line.tb_chain, line.tb_index, False)
                 )
+            cat = hints.line_category(line.body)
+            if cat is not None and len(self._cat_events) < MAX_HINTS:
+                self._cat_events.append(
+                    HintEvent(line_no, cat, line.tb_chain, line.tb_index, False)
+                )
         if not anchor_ids and line.tb_role not in ("exception", "detail"):
             return
         n_rule = self._c.n_rule_anchors
         ids = [a for a in anchor_ids if a < n_rule]
-        hit = self._c.classifier.classify(
-            line, ids, shutdown_requested=self._shutdown_line is not None
-        )
+        hit = self._classify(line, ids)
         if hit is None:
             return
         rule = hit.rule
@@ -481,6 +575,193 @@ class AnalysisEngine:
             if len(ctx["after"]) < self.context:
                 self._pending_after.append((line_no, ctx["after"]))
             self._context[line_no] = ctx
+
+    def _parse(self, line_no: int, raw: bytes) -> LogLine:
+        """:func:`parse_line`, memoised on the raw bytes (a dense crash repeats whole lines,
+        timestamps included, many times within one second)."""
+        if len(raw) > _MEMO_BODY:
+            return parse_line(line_no, raw)
+        got = self._env_memo.get(raw)
+        if got is None:
+            got = parse_line(0, raw)
+            if len(self._env_memo) >= _MEMO_SIZE:
+                self._env_memo.clear()
+            self._env_memo[raw] = got
+        return LogLine(
+            line_no,
+            got.text,
+            got.body,
+            got.process,
+            got.pid,
+            got.rank,
+            got.level,
+            got.timestamp,
+            got.source_file,
+            got.wrapper,
+        )
+
+    def _classify(self, line: LogLine, ids: list[int]) -> Classified | None:
+        """The classifier, memoised on what it reads: crash loops and dense serving crashes
+        print the same messages over and over, and pyparsing is the cost on those lines."""
+        down = self._shutdown_line is not None
+        body: object = line.body
+        if len(line.body) > _MEMO_BODY:
+            # Long bodies (config and scheduler dumps) are remembered by digest, not by value.
+            body = hashlib.blake2b(line.body.encode("utf-8", "surrogatepass"), digest_size=16)
+            body = (len(line.body), body.digest())
+        key = (body, line.level, line.tb_role, tuple(ids), down)
+        if key not in self._memo:
+            hit = self._c.classifier.classify(line, ids, shutdown_requested=down)
+            if len(self._memo) >= _MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = None if hit is None else (hit.rule, hit.captures)
+            return hit
+        got = self._memo[key]
+        if got is None:
+            return None
+        return Classified(rule=got[0], line=line, captures=dict(got[1]))
+
+    def _frame_hint(self, line_no: int, body: str, chain: int | None, index: int) -> None:
+        hints = self._c.hints
+        st = hints.frame_stage(body)
+        if st is not None:
+            self._hint_events.append(HintEvent(line_no, st, chain, index, True))
+        cat = hints.frame_category(body)
+        if cat is not None and len(self._cat_events) < MAX_HINTS:
+            self._cat_events.append(HintEvent(line_no, cat, chain, index, True))
+
+    # -- the frame-run fast path ------------------------------------------------------------
+
+    def _remember_prefix(self, raw: bytes, line: LogLine) -> None:
+        """After a traceback header or frame line whose envelope is a plain byte prefix of the
+        line, the following lines of the same process with the same envelope (any timestamp)
+        and an indented body are frames of the same traceback."""
+        if line.tb_role not in ("frame", "header") or not line.text.endswith(line.body):
+            self._run_shape = None
+            return
+        text_pfx = line.text[: len(line.text) - len(line.body)]
+        got = self._pfx_memo.get(text_pfx)
+        if got is None:
+            pfx = text_pfx.encode("utf-8", "surrogateescape")
+            ts = line.timestamp.encode("utf-8", "surrogateescape") if line.timestamp else None
+            got = _envelope_shape(pfx, ts)
+            if len(self._pfx_memo) >= _MEMO_SIZE:
+                self._pfx_memo.clear()
+            self._pfx_memo[text_pfx] = got
+        if not raw.startswith(got.gate) or raw.startswith(b'{"log":'):
+            self._run_shape = None
+            return
+        self._run_shape = got
+        self._run_key = line.key
+
+    def _try_frame_run(self, block: bytes, pos: int, n: int, line_no: int) -> int:
+        """The end of a frame run at ``pos`` (``pos`` when there is none to take)."""
+        shape = self._run_shape
+        if not FRAME_RUNS or shape is None or pos == self._run_stop:
+            return pos
+        if not block.startswith(shape.gate, pos):
+            return pos
+        self._run_stop = self._frame_run(block, pos, n, line_no)
+        return self._run_stop
+
+    def _frame_run(self, block: bytes, pos: int, n: int, line_no: int) -> int:
+        """Consume, at C speed, the run of frame lines starting at ``pos`` (same envelope,
+        indented body, nothing the envelope parser would treat specially); return the offset
+        after it (``pos`` when there is none). Frame hints in the run are recorded."""
+        shape = self._run_shape
+        assert shape is not None
+        st = self._tracker.frames_open(self._run_key)
+        if st is None:
+            return pos
+        rx = self._run_res.get(shape.first)
+        if rx is None:
+            if len(self._run_res) >= _MAX_RUN_PATTERNS:
+                self._run_res.clear()
+            rx = self._run_res[shape.first] = re.compile(
+                shape.first + _RUN_BODY + b"(?:" + shape.repeat + _RUN_BODY + b")*"
+            )
+        m = rx.match(block, pos, n)
+        if m is None or m.groups() != shape.expect:
+            return pos  # another process's line (or none): the slow path decides
+        lines = block[pos : m.end()].split(b"\n")[:-1]
+        # Every line of the run has the same envelope length (same numbers, fixed-width clock).
+        bodies = [ln[shape.plen :] for ln in lines]
+        cut = _first_special(b"\n".join(bodies))
+        if cut == 0:
+            return pos
+        if cut < len(lines):
+            lines, bodies = lines[:cut], bodies[:cut]
+        self._run_hints(b"\n".join(bodies), line_no, st)
+        st.last_seen = line_no + len(lines)
+        return pos + sum(map(len, lines)) + len(lines)
+
+    def _run_hints(self, bodies: bytes, line_no: int, st: TracebackState) -> None:
+        """Frame hints of a run whose bodies (envelopes removed, one per line) are ``bodies``
+        and whose first line is ``line_no + 1``. They are remembered per run body, so a
+        traceback repeated by a crash loop is looked at once; the hint functions decide,
+        exactly as on the slow path."""
+        got = self._runs_memo.get(bodies)
+        if got is None:
+            got = self._hints_of(bodies)
+            if len(bodies) <= _MEMO_RUN:
+                if len(self._runs_memo) >= _MEMO_RUNS:
+                    self._runs_memo.clear()
+                self._runs_memo[bodies] = got
+        for idx, stage, cat in got:
+            if stage is not None and len(self._hint_events) < MAX_HINTS:
+                ev = HintEvent(line_no + 1 + idx, stage, st.chain, st.index, True)
+                self._hint_events.append(ev)
+            if cat is not None and len(self._cat_events) < MAX_HINTS:
+                ev = HintEvent(line_no + 1 + idx, cat, st.chain, st.index, True)
+                self._cat_events.append(ev)
+
+    def _hints_of(self, bodies: bytes) -> tuple[tuple[int, str | None, str | None], ...]:
+        """(line index, stage, category) of each frame line of a run that some hint names."""
+        c = self._c
+        out: list[tuple[int, str | None, str | None]] = []
+        for i, raw in enumerate(bodies.split(b"\n")):
+            m = _FRAME_FUNC.search(raw)
+            if not (m and m.group(1) in c.frame_funcs) and not any(x in raw for x in c.frame_subs):
+                continue
+            body = decode_line(raw)
+            stage, cat = c.hints.frame_stage(body), c.hints.frame_category(body)
+            if stage is not None or cat is not None:
+                out.append((i, stage, cat))
+        return tuple(out)
+
+
+def _first_special(bodies: bytes) -> int:
+    """The index of the first body line the envelope parser or the tracker would treat
+    specially (see _RUN_STOPS; a bare CR), else the number of lines."""
+    cut = bodies.count(b"\n") + 1
+    for stop in _RUN_STOPS:
+        at = bodies.find(stop)
+        if at >= 0:
+            cut = min(cut, bodies.count(b"\n", 0, at))
+    cr = bodies.count(b"\r")
+    if cr:
+        closed = bodies + b"\n"  # each line's own CR (CRLF logs) is followed by a newline
+        if cr != closed.count(b"\r\n"):
+            bare = _BARE_CR.search(closed)
+            if bare is not None:
+                cut = min(cut, bodies.count(b"\n", 0, bare.start()))
+    return cut
+
+
+def _split_hits(
+    hits: Iterable[tuple[int, int]], single: Sequence[bool]
+) -> tuple[dict[int, int], list[tuple[int, int]]]:
+    """(first hit of each anchor-only milestone, every other hit): of anchor-only milestones
+    only the first and last line per block matter."""
+    firsts: dict[int, int] = {}
+    others: list[tuple[int, int]] = []
+    for end, aid in hits:
+        if single[aid]:
+            if aid not in firsts:
+                firsts[aid] = end
+        else:
+            others.append((end, aid))
+    return firsts, others
 
 
 def _context_around(

@@ -40,6 +40,7 @@ __all__ = [
     "decode_line",
     "normalize_level",
     "parse_line",
+    "pattern_regex",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -62,6 +63,8 @@ _BLOCK_REGEX: dict[str, str] = {
     # "host:port", "[::]:29500", "0.0.0.0:8000", "[fe80::1]:80"
     "addr": r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?):\d{1,5}(?!\d)",
     "port": r"\d{1,5}(?!\d)",
+    # a non-zero integer: an exit status that is a failure
+    "nzint": r"-?0*[1-9]\d*(?![\d.])",
     "path": r"(?:~|\.{1,2})?/[^\s'\"`,;()\[\]{}<>]*[^\s'\"`,;()\[\]{}<>.:]|(?:~|\.{1,2})?/",
     "word": r"[A-Za-z0-9_][A-Za-z0-9_.\-]*",
     "hex": r"0[xX][0-9A-Fa-f]+|[0-9A-Fa-f]{6,}(?![0-9A-Za-z])",
@@ -178,21 +181,19 @@ def _literal(text: str) -> tuple[pp.ParserElement, str]:
     return el, head
 
 
-def compile_pattern(pattern: str) -> CompiledPattern:
-    """Compile one pattern of the rule mini-language (see docs/rules-format.md).
+_Token = tuple[str, str, str | None]
 
-    ``{*}`` any text (shortest) up to the next piece, ``{block}`` / ``{block:name}`` a shared
-    block from :data:`BLOCKS`, ``{{``/``}}`` literal braces, leading ``^`` anchors the match at
-    the start of the body; everything else is literal text with flexible whitespace.
-    """
+
+def _tokenize(pattern: str) -> tuple[bool, list[_Token]]:
+    """``(anchored, tokens)``: ("lit", text, None) | ("any", "*", capture) |
+    ("block", name, capture). Raises RuleError with the pattern and what to fix."""
     src = pattern
     anchored = pattern.startswith("^")
     if anchored:
         pattern = pattern[1:]
     if not pattern.strip():
         raise RuleError(f"pattern {src!r} is empty; give at least one literal word")
-    # Tokenise: ("lit", text) | ("any", capture) | ("block", name, capture)
-    tokens: list[tuple[str, str, str | None]] = []
+    tokens: list[_Token] = []
     pos = 0
     buf = ""
     while pos < len(pattern):
@@ -233,6 +234,50 @@ def compile_pattern(pattern: str) -> CompiledPattern:
         tokens.append(("lit", buf, None))
     if all(t[0] == "any" for t in tokens):
         raise RuleError(f"pattern {src!r} has no literal or block to match")
+    return anchored, tokens
+
+
+def pattern_regex(pattern: str) -> tuple[str, tuple[str, ...]]:
+    """The pattern as a portable regular expression over the line body, and its capture names
+    in group order (numbered groups only; no named-group syntax, which differs between
+    engines). Uses ``(?:…)``, ``(?!…)``, ``\\s``, ``\\d``, classes and lazy ``.*?``: the
+    common subset of Python ``re``, PCRE, Java and ECMAScript (not RE2: lookahead).
+    ``{*}`` becomes a lazy ``.*?`` (pyparsing's SkipTo does not backtrack, so the regex may
+    accept a little more than the engine)."""
+    anchored, tokens = _tokenize(pattern)
+    parts: list[str] = [r"^\s*"] if anchored else []
+    caps: list[str] = []
+    for i, (kind, val, cap) in enumerate(tokens):
+        if kind == "lit":
+            rx = "".join(
+                r"\s+" if p.isspace() else _portable_escape(p) for p in re.split(r"(\s+)", val) if p
+            )
+        elif kind == "block":
+            rx = f"(?:{_BLOCK_REGEX[val]})"
+        else:
+            rx = ".*?" if i < len(tokens) - 1 else ".*"
+        if cap:
+            caps.append(cap)
+            rx = f"({rx})"
+        parts.append(rx)
+    return "".join(parts), tuple(caps)
+
+
+def _portable_escape(text: str) -> str:
+    """Escape regex metacharacters only (Python's re.escape is fine for Python but the
+    result must also read the same in PCRE/ECMAScript: escape exactly the specials)."""
+    return "".join("\\" + c if c in r".^$*+?()[]{}|\/" else c for c in text)
+
+
+def compile_pattern(pattern: str) -> CompiledPattern:
+    """Compile one pattern of the rule mini-language (see docs/rules-format.md).
+
+    ``{*}`` any text (shortest) up to the next piece, ``{block}`` / ``{block:name}`` a shared
+    block from :data:`BLOCKS`, ``{{``/``}}`` literal braces, leading ``^`` anchors the match at
+    the start of the body; everything else is literal text with flexible whitespace.
+    """
+    src = pattern
+    anchored, tokens = _tokenize(pattern)
 
     # Build elements right-to-left so {*} can SkipTo the next piece.
     elements: list[pp.ParserElement] = []
@@ -402,6 +447,32 @@ _BRACKET_LEVEL_RE = re.compile(
     r"^\[(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]\s*"
     r"(?:\[[^\]\s]{1,40}\]\s*)*(?:>>>\s?|[-:|]\s)?"
 )
+# Accelerators beyond CUDA (docs/rules-format.md, "Envelopes"). ROCm's HIP runtime log
+# (AMD_LOG_LEVEL): ":1:hip_code_object.cpp :505 : 99442499995 us: 350457: [tid:0x7f..] msg"
+# (older: "[pid:9 tid:0x..]"); the digit is the level (1 error .. 4 debug).
+_HIP_LOG_RE = re.compile(
+    r"^:(?P<lvl>[0-4]):(?P<src>[A-Za-z0-9_.\-]+)\s*:\s*(?P<line>\d+)\s*:\s*\d+ us:\s*"
+    r"(?:(?P<pid2>\d+):\s*)?\[(?:pid:(?P<pid>\d+)\s+)?tid:0x[0-9A-Fa-f]+\]\s?"
+)
+_HIP_LEVELS = {"0": "CRITICAL", "1": "ERROR", "2": "WARNING", "3": "INFO", "4": "DEBUG"}
+# Ascend CANN plog: "[ERROR] HCCL(36035,proc):2025-05-13-02:25:58.068.817 [op_base.cc:974][36818]"
+# and torch_npu: "[ERROR] 2025-09-03-03:02:37 (PID:7226, Device:1, RankID:-1) ERR02200 ...".
+_CANN_RE = re.compile(
+    r"^\[(?P<level>ERROR|WARNING|INFO|DEBUG|EVENT)\]\s+(?P<mod>[A-Z][A-Z0-9_]*)\((?P<pid>\d+),"
+    r"(?P<proc>[^)]*)\):(?P<ts>\d{4}-\d{2}-\d{2}-\d{2}:\d{2}:\d{2}(?:\.\d+)*)\s+"
+    r"\[(?P<src>[A-Za-z0-9_.\-]+:\d+)\](?:\[\d+\])?\s?"
+)
+_TORCH_NPU_RE = re.compile(
+    r"^\[(?P<level>ERROR|WARNING|INFO|DEBUG)\]\s+(?P<ts>\d{4}-\d{2}-\d{2}-\d{2}:\d{2}:\d{2})"
+    r"\s+\(PID:(?P<pid>\d+), Device:(?P<dev>-?\d+), RankID:(?P<rank>-?\d+)\)\s+"
+)
+# TensorFlow/XLA C++ logging (TPU and JAX stacks): "2023-03-23 02:02:25.057202: E
+# tensorflow/compiler/xla/xla_client/xla_util.cc:90] msg".
+_XLA_LOG_RE = re.compile(
+    r"^(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d+): (?P<level>[IWEF]) "
+    r"(?P<src>[A-Za-z0-9_.\-/]+:\d+)\]\s?"
+)
+_XLA_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _UVICORN_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _PYLOG_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<name>[\w.]+):")
 
@@ -427,6 +498,45 @@ def decode_line(raw: bytes | str) -> str:
     if "[0m" in text:
         text = _ANSI_REMNANT_RE.sub("", text).lstrip()
     return text
+
+
+_AccEnvelope = tuple[str | None, str | None, str | None, int | None, int | None, str]
+
+
+def _accelerator_envelope(rest: str) -> _AccEnvelope | None:
+    """(level, timestamp, source, pid, rank, body) of a ROCm HIP-runtime, TensorFlow/XLA,
+    Ascend CANN or torch_npu line, else None."""
+    m = _HIP_LOG_RE.match(rest)
+    if m:
+        pid_s = m.group("pid") or m.group("pid2")
+        src = f"{m.group('src')}:{m.group('line')}"
+        return (
+            _HIP_LEVELS[m.group("lvl")],
+            None,
+            src,
+            int(pid_s) if pid_s else None,
+            None,
+            rest[m.end() :],
+        )
+    m = _XLA_LOG_RE.match(rest)
+    if m:
+        lvl = _XLA_LEVELS[m.group("level")]
+        return lvl, m.group("ts"), m.group("src"), None, None, rest[m.end() :]
+    m = _CANN_RE.match(rest)
+    if m:
+        lvl = "INFO" if m.group("level") == "EVENT" else m.group("level")
+        return lvl, m.group("ts"), m.group("src"), int(m.group("pid")), None, rest[m.end() :]
+    m = _TORCH_NPU_RE.match(rest)
+    if m:
+        return (
+            m.group("level"),
+            m.group("ts"),
+            None,
+            int(m.group("pid")),
+            int(m.group("rank")),
+            rest[m.end() :],
+        )
+    return None
 
 
 def _docker_json_log(text: str) -> str:
@@ -560,7 +670,22 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
                 if lead in _LEVEL_INITIALS:
                     m = _UVICORN_RE.match(rest)
                 elif lead == "[":
-                    m = _BRACKET_LEVEL_RE.match(rest)
+                    acc = _accelerator_envelope(rest)
+                    if acc is not None:
+                        level, timestamp, src, apid, arank, rest = acc
+                        source = source or src
+                        pid = pid if apid is None else apid
+                        rank = rank if arank is None or arank < 0 else arank
+                        lead = ""
+                    else:
+                        m = _BRACKET_LEVEL_RE.match(rest)
+                elif lead == ":" or lead.isdigit():
+                    acc = _accelerator_envelope(rest)
+                    if acc is not None:
+                        level, timestamp, src, apid, arank, rest = acc
+                        source = source or src
+                        pid = pid if apid is None else apid
+                        lead = ""
                 if m:
                     level = normalize_level(m.group("level"))
                     rest = rest[m.end() :]
@@ -603,7 +728,7 @@ _LINGER_GLOBAL = 50
 
 
 @dataclass(slots=True)
-class _TbState:
+class TracebackState:
     chain: int
     index: int
     phase: str  # "frames" | "after_exc" | "await_tb" (after a separator)
@@ -621,7 +746,7 @@ class TracebackTracker:
     needs the following lines (the fast path must then look at every line).
     """
 
-    _open: dict[str | None, _TbState] = field(default_factory=dict)
+    _open: dict[str | None, TracebackState] = field(default_factory=dict)
     _next_chain: int = 0
     chain_links: dict[int, list[str | None]] = field(default_factory=dict)
 
@@ -656,7 +781,7 @@ class TracebackTracker:
             else:
                 chain = self._next_chain
                 self._next_chain += 1
-                st = _TbState(chain=chain, index=0, phase="frames", last_seen=line.line_no)
+                st = TracebackState(chain=chain, index=0, phase="frames", last_seen=line.line_no)
                 self._open[key] = st
                 self.chain_links[chain] = [None]
                 if len(self.chain_links) > 4096:  # keep memory flat on huge logs
@@ -672,7 +797,7 @@ class TracebackTracker:
             if st is None or st.phase == "after_exc":
                 chain = self._next_chain
                 self._next_chain += 1
-                st = _TbState(chain=chain, index=0, phase="frames", last_seen=line.line_no)
+                st = TracebackState(chain=chain, index=0, phase="frames", last_seen=line.line_no)
                 self._open[key] = st
                 self.chain_links[chain] = [None]
             st.phase = "frames"
@@ -710,6 +835,12 @@ class TracebackTracker:
             return line
         del self._open[key]
         return line
+
+    def frames_open(self, key: str | None) -> TracebackState | None:
+        """The open traceback of ``key`` while it is reading frames (else ``None``): every
+        following indented line of that process is a frame line (the engine's fast path)."""
+        st = self._open.get(key)
+        return st if st is not None and st.phase == "frames" else None
 
     def tick(self, line_no: int) -> None:
         """Tell the tracker that lines up to ``line_no`` passed without being fed."""

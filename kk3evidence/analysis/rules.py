@@ -77,6 +77,9 @@ class Rule:
     scope: str = "line"  # "line" | "exception" (only traceback exception/detail lines)
     fallback: bool = False  # only when no other rule claims the line
     priority: int = 0
+    since: str = "0.1.0"  # the kk3evidence version that added the rule
+    references: tuple[str, ...] = ()  # where its example lines and facts come from
+    evidence: int = 1  # fallbacks: how strong the evidence is (1 strongest; causality ranks)
     source: str = ""
     order: int = 0
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -148,6 +151,9 @@ class Rule:
             "scope": self.scope,
             "fallback": self.fallback,
             "priority": self.priority,
+            "since": self.since,
+            "references": list(self.references),
+            "evidence": self.evidence,
             "source": self.source,
         }
 
@@ -285,8 +291,8 @@ def iter_rule_problems(doc: dict[str, Any], source: str, *, strict: bool = True)
             yield f"{where}: unknown category {r.get('category')!r}"
         if r.get("severity") is not None and r.get("severity") not in SEVERITIES:
             yield f"{where}: unknown severity {r.get('severity')!r}"
-        if r.get("status") is not None and r.get("status") not in RULE_STATUSES:
-            yield f"{where}: unknown status {r.get('status')!r}"
+        if r.get("status") not in RULE_STATUSES:
+            yield f"{where}: status must be one of {', '.join(RULE_STATUSES)}"
         if not strict:
             continue
         for pat in _as_list(r.get("pattern")):
@@ -310,7 +316,7 @@ def _compile_rule(r: dict[str, Any], source: str, order: int) -> Rule:
         stage=r.get("stage"),
         category=r.get("category"),
         severity=r.get("severity", "info" if r["kind"] in ("milestone", "noise") else "error"),
-        status=r.get("status", "experimental"),
+        status=r["status"],
         summary=r.get("summary", ""),
         why=r.get("why", ""),
         next_steps=tuple(r.get("next_steps", [])),
@@ -325,6 +331,9 @@ def _compile_rule(r: dict[str, Any], source: str, order: int) -> Rule:
         scope=r.get("scope", "line"),
         fallback=bool(r.get("fallback", False)),
         priority=int(r.get("priority", 0)),
+        since=str(r.get("since", "0.1.0")),
+        references=tuple(r.get("references", [])),
+        evidence=int(r.get("evidence", 1)),
         source=source,
         order=order,
         raw=dict(r),
@@ -420,9 +429,47 @@ def check_rules() -> RuleSet:
 
 STAGE_HINTS_SCHEMA = FORMAT_IDS["stage-hints"]
 _HINT_KEYS = frozenset({"stage", "frame", "line"})
+_CAT_HINT_KEYS = frozenset({"category", "frame", "line", "self"})
 _HINTS_TOP = frozenset(
-    {"schema", "context_categories", "fixed_rules", "window_before", "window_after", "hint"}
+    {
+        "schema",
+        "context_categories",
+        "fixed_rules",
+        "window_before",
+        "window_after",
+        "hint",
+        "category_context",
+        "category_hint",
+    }
 )
+
+
+def _split_frame_hints(
+    frame: tuple[tuple[str, str], ...],
+) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
+    """``in <name>`` hints (exact function names) apart from substring hints."""
+    funcs: dict[str, str] = {}
+    subs: list[tuple[str, str]] = []
+    for needle, value in frame:
+        if needle.startswith("in ") and " " not in needle[3:]:
+            funcs.setdefault(needle[3:], value)
+        else:
+            subs.append((needle, value))
+    return funcs, tuple(subs)
+
+
+def _frame_lookup(
+    body: str, funcs: dict[str, str], subs: tuple[tuple[str, str], ...]
+) -> str | None:
+    at = body.rfind(", in ")
+    if at >= 0:
+        got = funcs.get(body[at + 5 :].strip())
+        if got is not None:
+            return got
+    for needle, value in subs:
+        if needle in body:
+            return value
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,38 +482,61 @@ class StageHints:
     window_after: int = 0
     frame: tuple[tuple[str, str], ...] = ()  # (substring of a frame line, stage)
     line: tuple[tuple[str, str], ...] = ()  # (substring of a nearby line, stage)
+    # Category from context: failures of these categories take the category their own text,
+    # their traceback's frames or nearby lines point at ([[category_hint]] tables).
+    category_context: frozenset[str] = frozenset()
+    cat_frame: tuple[tuple[str, str], ...] = ()  # (substring of a frame line, category)
+    cat_line: tuple[tuple[str, str], ...] = ()  # (substring of a nearby line, category)
+    cat_self: tuple[tuple[str, str], ...] = ()  # (substring of the failure line, category)
     # Derived from ``frame``: function names (``in <name>`` hints) and the other substrings.
     frame_funcs: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     frame_subs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    cat_funcs: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    cat_subs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.frame and not self.frame_funcs and not self.frame_subs:
-            subs: list[tuple[str, str]] = []
-            for needle, stage in self.frame:
-                if needle.startswith("in ") and " " not in needle[3:]:
-                    self.frame_funcs.setdefault(needle[3:], stage)
-                else:
-                    subs.append((needle, stage))
-            object.__setattr__(self, "frame_subs", tuple(subs))
+            funcs, subs = _split_frame_hints(self.frame)
+            self.frame_funcs.update(funcs)
+            object.__setattr__(self, "frame_subs", subs)
+        if self.cat_frame and not self.cat_funcs and not self.cat_subs:
+            funcs, subs = _split_frame_hints(self.cat_frame)
+            self.cat_funcs.update(funcs)
+            object.__setattr__(self, "cat_subs", subs)
 
     def frame_stage(self, body: str) -> str | None:
         """The stage hinted by a traceback frame line: ``in <name>`` hints match the frame's
         function name exactly (and win), other hints are substrings of the line."""
-        at = body.rfind(", in ")
-        if at >= 0:
-            got = self.frame_funcs.get(body[at + 5 :].strip())
-            if got is not None:
-                return got
-        for needle, stage in self.frame_subs:
-            if needle in body:
-                return stage
-        return None
+        return _frame_lookup(body, self.frame_funcs, self.frame_subs)
 
     def line_stage(self, body: str) -> str | None:
         for needle, stage in self.line:
             if needle in body:
                 return stage
         return None
+
+    def frame_category(self, body: str) -> str | None:
+        """The category hinted by a traceback frame line (same matching as :meth:`frame_stage`)."""
+        return _frame_lookup(body, self.cat_funcs, self.cat_subs)
+
+    def line_category(self, body: str) -> str | None:
+        for needle, cat in self.cat_line:
+            if needle in body:
+                return cat
+        return None
+
+    def self_category(self, body: str) -> str | None:
+        for needle, cat in self.cat_self:
+            if needle in body:
+                return cat
+        return None
+
+    @property
+    def line_needles(self) -> tuple[str, ...]:
+        """Every line-hint needle (stage and category): prefilter anchors."""
+        seen = dict.fromkeys(n for n, _ in self.line)
+        seen.update(dict.fromkeys(n for n, _ in self.cat_line))
+        return tuple(seen)
 
 
 def _str_list(v: Any, what: str, source: str) -> list[str]:
@@ -511,6 +581,11 @@ def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> Stag
             raise RuleError(f"{source}: {where}: stage {stage!r} is not one of {list(STAGES)}")
         frame += [(x, stage) for x in _str_list(h.get("frame", []), f"{where}: frame", source)]
         line += [(x, stage) for x in _str_list(h.get("line", []), f"{where}: line", source)]
+    cat_ctx = _str_list(doc.get("category_context", []), "category_context", source)
+    bad = [c for c in cat_ctx if c not in CATEGORIES]
+    if bad:
+        raise RuleError(f"{source}: unknown category {bad[0]!r} in category_context")
+    cframe, cline, cself = _category_hints(doc.get("category_hint", []), source)
     return StageHints(
         context_categories=frozenset(cats),
         fixed_rules=frozenset(fixed),
@@ -518,7 +593,34 @@ def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> Stag
         window_after=windows[1],
         frame=tuple(frame),
         line=tuple(line),
+        category_context=frozenset(cat_ctx),
+        cat_frame=cframe,
+        cat_line=cline,
+        cat_self=cself,
     )
+
+
+_Pairs = tuple[tuple[str, str], ...]
+
+
+def _category_hints(hints: Any, source: str) -> tuple[_Pairs, _Pairs, _Pairs]:
+    """``[[category_hint]]`` tables -> (frame, line, self) (needle, category) pairs."""
+    if not isinstance(hints, list):
+        raise RuleError(f"{source}: category_hint must be an array of tables ([[category_hint]])")
+    out: dict[str, list[tuple[str, str]]] = {"frame": [], "line": [], "self": []}
+    for i, h in enumerate(hints):
+        where = f"category_hint #{i + 1}"
+        if not isinstance(h, dict):
+            raise RuleError(f"{source}: {where} must be a table")
+        extra = sorted(set(h) - _CAT_HINT_KEYS)
+        if extra:
+            raise RuleError(f"{source}: {where}: unknown key {extra[0]!r}")
+        cat = h.get("category")
+        if cat not in CATEGORIES:
+            raise RuleError(f"{source}: {where}: category {cat!r} is not one of {list(CATEGORIES)}")
+        for key, pairs in out.items():
+            pairs += [(x, cat) for x in _str_list(h.get(key, []), f"{where}: {key}", source)]
+    return tuple(out["frame"]), tuple(out["line"]), tuple(out["self"])
 
 
 @functools.lru_cache(maxsize=1)
@@ -582,7 +684,7 @@ def render_rules_doc(ruleset: RuleSet | None = None) -> str:
                 facts.append(f"stage `{r.stage}`")
             if r.category:
                 facts.append(f"category `{r.category}`")
-            facts += [f"severity `{r.severity}`", f"status `{r.status}`"]
+            facts += [f"severity `{r.severity}`", f"status `{r.status}`", f"since `{r.since}`"]
             if r.levels:
                 facts.append("levels " + ", ".join(f"`{x}`" for x in sorted(r.levels)))
             if r.when:
@@ -592,7 +694,7 @@ def render_rules_doc(ruleset: RuleSet | None = None) -> str:
             if r.scope != "line":
                 facts.append(f"scope `{r.scope}`")
             if r.fallback:
-                facts.append("fallback")
+                facts.append(f"fallback (evidence rank {r.evidence})")
             if r.consequence_of:
                 facts.append(
                     "consequence of " + ", ".join(f"`{c}`" for c in sorted(r.consequence_of))
@@ -610,4 +712,6 @@ def render_rules_doc(ruleset: RuleSet | None = None) -> str:
                 out += ["Matches:", "", "```text", *r.match, "```", ""]
             if r.no_match:
                 out += ["Does not match:", "", "```text", *r.no_match, "```", ""]
+            if r.references:
+                out += ["References: " + ", ".join(f"<{u}>" for u in r.references), ""]
     return "\n".join(out).rstrip("\n") + "\n"

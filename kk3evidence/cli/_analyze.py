@@ -36,6 +36,19 @@ def _context_lines(a: Analysis, ff: Finding) -> list[tuple[int, str, bool]]:
     return rows
 
 
+def basis_note(ff: Finding, info: dict[str, Any]) -> str | None:
+    """One sentence on how trustworthy the match is: a fallback (the rule set did not know
+    this failure) or an experimental rule."""
+    if ff.basis == "fallback":
+        return (
+            "The rule set did not know this failure: this line is the strongest evidence "
+            f"found (fallback {ff.rule}); read it with the lines around it."
+        )
+    if info.get("status") == "experimental":
+        return f"Rule {ff.rule} is experimental: it was written recently and is less tested."
+    return None
+
+
 def spec_json(a: Analysis) -> dict[str, Any]:
     """SPEC §4 JSON (engine extras ride on the first failure's ``findings`` entry)."""
     return a.to_json()
@@ -63,6 +76,11 @@ def render_text(a: Analysis) -> str:
     )
     if ff.process:
         out.append(f"  process: {ff.process}")
+    if ff.ranks:
+        out.append(f"  printed by {len(ff.ranks)} ranks/processes: {', '.join(ff.ranks)}")
+    note = basis_note(ff, info)
+    if note:
+        out.append(f"  {note}")
     width = len(str(max(n for n, _t, _c in _context_lines(a, ff))))
     for n, t, cur in _context_lines(a, ff):
         out.append(f"  {'>' if cur else ' '} {n:>{width}} | {_clip(t)}")
@@ -78,7 +96,8 @@ def render_text(a: Analysis) -> str:
     if a.consequences:
         out += ["", f"Consequences ({len(a.consequences)}; they only report the failure above):"]
         for c in a.consequences[:_MAX_CONSEQUENCES_SHOWN]:
-            out.append(f"  line {c.line_no:<6} {c.rule:<9} {_clip(c.text, 160)}")
+            also = f" (x{len(c.ranks)} ranks)" if c.ranks else ""
+            out.append(f"  line {c.line_no:<6} {c.rule:<9} {_clip(c.text, 160)}{also}")
         if len(a.consequences) > _MAX_CONSEQUENCES_SHOWN:
             out.append(f"  ... {len(a.consequences) - _MAX_CONSEQUENCES_SHOWN} more (see --json)")
     others = [f for f in a.findings if f.kind == "failure" and f.line_no != ff.line_no]
@@ -107,9 +126,11 @@ def render_markdown(a: Analysis) -> str:
         f"- line **{ff.line_no}**, stage **{ff.stage}**, category **{ff.category}**",
         f"- rule `{ff.rule}`" + (f" ({info['name']})" if info.get("name") else ""),
         f"- process: `{ff.process}`" if ff.process else "- process: (unprefixed)",
-        "",
-        "```text",
     ]
+    note = basis_note(ff, info)
+    if note:
+        out.append(f"- {note}")
+    out += ["", "```text"]
     for n, t, cur in _context_lines(a, ff):
         out.append(f"{'>' if cur else ' '} {n}: {t}")
     out += ["```", ""]

@@ -23,7 +23,9 @@ from ._merge import expand
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="markdown",
               show_default=True,
               help="markdown; github (vLLM bug-report template); html (one self-contained "
-                   "file with a stage timeline).")
+                   "file with a stage timeline); snippet (at most 40 lines to paste into an "
+                   "issue: first causal line with context, stage, category, basis, "
+                   "fingerprint essentials, minimal command, bundle sha256).")
 @click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True,
               help="Language of the hand-off (ko: Korean).")
 @click.option("--recipe", metavar="NAME",

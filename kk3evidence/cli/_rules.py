@@ -1,4 +1,4 @@
-"""``kk3evidence rules list|show|doc|check``: the shipped rules, as documentation or JSON."""
+"""``kk3evidence rules list|show|export|doc|check``: the rules as docs, JSON, a pack."""
 
 from __future__ import annotations
 
@@ -88,3 +88,39 @@ def rules_check() -> None:
     """Validate every shipped rule file strictly (schema, every pattern, every example)."""
     rs = check_rules()
     click.echo(f"{len(rs)} rules OK")
+
+
+@command.command(name="export")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json"]),
+    default="json",
+    show_default=True,
+    help="Pack format (schemas/rule-pack.schema.json).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the pack to this file instead of stdout.",
+)
+@handle_errors
+def export_rules(fmt: str, output: str | None) -> None:
+    """Every rule as one versioned rule pack other tools can embed: anchors, the grammar as a
+    portable regex, examples with the body they match, stage, category, status, since,
+    references."""
+    from kk3evidence.analysis.rulepack import export_pack
+
+    pack = export_pack()
+    if output is None:
+        echo_json(pack)
+        return
+    import json
+    from pathlib import Path
+
+    try:
+        Path(output).write_text(json.dumps(pack, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    except OSError as err:
+        raise UsageError(f"{output}: cannot write the rule pack ({err.strerror})") from None
+    click.echo(f"wrote {output}: {len(load_rules())} rules, kk3evidence {pack['version']}")

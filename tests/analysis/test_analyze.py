@@ -388,7 +388,8 @@ def test_cli_extra_rules_are_added_to_the_shipped_ones(tmp_path: Path) -> None:
     rules.write_text(
         'schema = "kk3evidence/rules/v1"\n[[rule]]\nid = "MINE001"\nname = "frobnicator-jammed"\n'
         'kind = "failure"\nstage = "serving"\ncategory = "other"\nseverity = "error"\n'
-        'summary = "The frobnicator jammed."\nanchors = ["frobnicator jammed"]\n'
+        'status = "experimental"\nsummary = "The frobnicator jammed."\n'
+        'anchors = ["frobnicator jammed"]\n'
         'pattern = "frobnicator jammed at {int:slot}"\nmatch = ["frobnicator jammed at 3"]\n',
         encoding="utf-8",
     )

@@ -18,6 +18,7 @@ schema = "kk3evidence/rules/v1"
 id = "TNCCL001"
 name = "nccl-system-error"
 kind = "failure"
+status = "stable"
 stage = "comm_group"
 category = "nccl"
 severity = "fatal"
@@ -29,6 +30,7 @@ match = ["RuntimeError: NCCL error: unhandled system error"]
 id = "TOOM001"
 name = "cuda-oom"
 kind = "failure"
+status = "stable"
 stage = "engine_init"
 category = "oom"
 severity = "fatal"
@@ -40,6 +42,7 @@ match = ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB
 id = "TKV001"
 name = "kv-too-small"
 kind = "failure"
+status = "stable"
 stage = "engine_init"
 category = "kv_cache"
 severity = "fatal"
@@ -51,6 +54,7 @@ match = ["ValueError: ... larger than the available KV cache memory (0.0 GiB)"]
 id = "TWARN001"
 name = "slow-thing"
 kind = "failure"
+status = "stable"
 stage = "engine_init"
 category = "other"
 severity = "warning"
@@ -62,6 +66,7 @@ match = ["WARNING 05-10 12:00:00 [x.py:1] the disk is slow today"]
 id = "TNEG001"
 name = "negative-kv-memory"
 kind = "failure"
+status = "stable"
 stage = "engine_init"
 category = "kv_cache"
 severity = "error"
@@ -74,6 +79,7 @@ match = ["INFO 05-10 12:00:00 [w.py:1] Available KV cache memory: -2.77 GiB"]
 id = "TCONS001"
 name = "engine-core-init-failed"
 kind = "consequence"
+status = "stable"
 stage = "engine_init"
 category = "other"
 severity = "error"
@@ -85,6 +91,7 @@ match = ["RuntimeError: Engine core initialization failed. See root cause above.
 id = "TCONS002"
 name = "engine-dead"
 kind = "consequence"
+status = "stable"
 stage = "serving"
 category = "other"
 severity = "error"
@@ -96,6 +103,7 @@ match = ["vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an i
 id = "TMS001"
 name = "weights-loaded"
 kind = "milestone"
+status = "stable"
 stage = "weights_access"
 summary = "Weights loaded."
 anchors = ["Loading weights took"]
@@ -107,6 +115,7 @@ match = ["Loading weights took 0.5 seconds"]
 id = "TMS002"
 name = "startup-complete"
 kind = "milestone"
+status = "stable"
 stage = "api_ready"
 summary = "Ready."
 anchors = ["Application startup complete"]
@@ -118,6 +127,7 @@ match = ["INFO:     Application startup complete."]
 id = "TMS003"
 name = "shutdown"
 kind = "milestone"
+status = "stable"
 stage = "serving"
 summary = "Stop requested."
 anchors = ["shutdown triggered"]
@@ -129,6 +139,7 @@ match = ["[shutdown] API server: shutdown triggered"]
 id = "TMS004"
 name = "dist-init"
 kind = "milestone"
+status = "stable"
 stage = "comm_group"
 summary = "Distributed init."
 anchors = ["distributed_init_method="]
@@ -138,6 +149,7 @@ match = ["world_size=1 rank=0 distributed_init_method=file:///tmp/x backend=gloo
 id = "TMS005"
 name = "load-start"
 kind = "milestone"
+status = "stable"
 stage = "weights_access"
 summary = "Loading starts."
 anchors = ["Starting to load model"]
@@ -147,6 +159,7 @@ match = ["Starting to load model /m"]
 id = "TMS006"
 name = "health-ok"
 kind = "milestone"
+status = "stable"
 stage = "api_ready"
 summary = "Health 200."
 anchors = ["GET /health HTTP/1.1\" 200"]
@@ -157,6 +170,7 @@ match = ["INFO:     127.0.0.1:1 - \"GET /health HTTP/1.1\" 200 OK"]
 id = "TPORT001"
 name = "bind-failed"
 kind = "failure"
+status = "stable"
 stage = "api_ready"
 category = "port"
 severity = "fatal"
@@ -168,6 +182,7 @@ match = ["ERROR:    [Errno 98] error while attempting to bind on address: addres
 id = "TNOISE001"
 name = "shutdown-engine-dead"
 kind = "noise"
+status = "stable"
 summary = "Clean stop."
 anchors = ["EngineDeadError", "output_handler failed"]
 when = "shutdown"
@@ -177,6 +192,7 @@ match = ["vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an i
 id = "TEXC001"
 name = "uncaught-exception"
 kind = "failure"
+status = "stable"
 stage = "engine_init"
 category = "other"
 severity = "error"
@@ -200,7 +216,9 @@ def run(rs: RuleSet, text: str):  # type: ignore[no-untyped-def]
     return analyze(text.encode(), ruleset=rs)
 
 
-def test_same_cause_repeated_by_another_rank_is_an_echo(rs: RuleSet) -> None:
+def test_same_cause_repeated_by_another_rank_is_one_finding_with_the_rank_list(
+    rs: RuleSet,
+) -> None:
     a = run(
         rs,
         "(Worker_TP0 pid=1) ERROR 05-10 12:00:00 [w.py:1] "
@@ -208,7 +226,22 @@ def test_same_cause_repeated_by_another_rank_is_an_echo(rs: RuleSet) -> None:
         "(Worker_TP1 pid=2) ERROR 05-10 12:00:01 [w.py:1] "
         "RuntimeError: NCCL error: unhandled system error\n",
     )
-    assert a.first_failure is not None and a.first_failure.line_no == 1
+    ff = a.first_failure
+    assert ff is not None and ff.line_no == 1
+    assert ff.ranks == ("rank0", "rank1") and ff.folded == (2,)
+    assert a.consequences == () and [f.line_no for f in a.findings] == [1]
+    assert a.to_json()["first_failure"]["ranks"] == ["rank0", "rank1"]
+
+
+def test_same_line_repeated_by_one_process_is_not_folded(rs: RuleSet) -> None:
+    a = run(
+        rs,
+        "(Worker_TP0 pid=1) ERROR 05-10 12:00:00 [w.py:1] "
+        "RuntimeError: NCCL error: unhandled system error\n"
+        "(Worker_TP0 pid=1) ERROR 05-10 12:00:01 [w.py:1] "
+        "RuntimeError: NCCL error: unhandled system error\n",
+    )
+    assert a.first_failure is not None and a.first_failure.ranks == ()
     assert [c.line_no for c in a.consequences] == [2]
     assert a.consequences[0].caused_by == 1
 

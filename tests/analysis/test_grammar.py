@@ -26,6 +26,7 @@ BLOCK_CASES = {
     "device": (["cuda:0", "GPU 0", "device 3", "GPU3", "CUDA device 1"], ["cpu", "gpu"]),
     "addr": (["host:29500", "[::]:29500", "0.0.0.0:8000", "node-1.cluster:80"], ["host", ":80"]),
     "port": (["8000", "29500"], ["port"]),
+    "nzint": (["1", "137", "-6", "010"], ["0", "00", "-0", "1.5"]),
     "path": (["/models/tinyllama", "./config.json", "~/x/y", "/"], ["models"]),
     "word": (["tiny", "model_tag", "v1.2-rc"], [" ", "-x"]),
     "hex": (["0x7f685b234b68", "deadbeef00"], ["0x", "xyz"]),
@@ -215,6 +216,53 @@ ENVELOPES = [
     (
         "(EngineCore_DP0 pid=6880) ValueError: boom",
         {"process": "EngineCore_DP0 pid=6880", "level": None, "body": "ValueError: boom"},
+    ),
+    # ROCm HIP runtime log (AMD_LOG_LEVEL), both pid styles (docs/rules-sources.md)
+    (
+        ":1:hip_code_object.cpp      :505 : 99442499995 us: 350457: [tid:0x7f02e57efc00] "
+        "hipErrorNoBinaryForGpu: Unable to find code object for all current devices!",
+        {
+            "level": "ERROR",
+            "pid": 350457,
+            "source_file": "hip_code_object.cpp:505",
+            "body": "hipErrorNoBinaryForGpu: Unable to find code object for all current devices!",
+        },
+    ),
+    (
+        ":3:hip_memory.cpp           :777 : 3852921767 us: [pid:9     tid:0x7fcd5fa0c4c0] "
+        "hipMemGetInfo: Returned hipErrorInvalidValue :",
+        {"level": "INFO", "pid": 9, "body": "hipMemGetInfo: Returned hipErrorInvalidValue :"},
+    ),
+    # TensorFlow/XLA logging (TPU), huggingface/transformers#22328
+    (
+        "2023-03-23 02:02:25.057202: E tensorflow/compiler/xla/xla_client/xla_util.cc:90]   "
+        "OP_REQUIRES failed at tpu_execute_op.cc:266 : RESOURCE_EXHAUSTED: Attempting to reserve",
+        {
+            "level": "ERROR",
+            "timestamp": "2023-03-23 02:02:25.057202",
+            "source_file": "tensorflow/compiler/xla/xla_client/xla_util.cc:90",
+            "body": "  OP_REQUIRES failed at tpu_execute_op.cc:266 : RESOURCE_EXHAUSTED: "
+            "Attempting to reserve",
+        },
+    ),
+    # Ascend CANN plog and torch_npu
+    (
+        "[ERROR] HCCL(36035,mindie_llm_backend_connector):2025-05-13-02:25:58.068.817 "
+        "[op_base.cc:974][36818][Init][CommRootInfoConfig]errNo[0x0000000005000002]"
+        "HcclCommInitRootInfo failed.",
+        {
+            "level": "ERROR",
+            "pid": 36035,
+            "timestamp": "2025-05-13-02:25:58.068.817",
+            "source_file": "op_base.cc:974",
+            "body": "[Init][CommRootInfoConfig]errNo[0x0000000005000002]"
+            "HcclCommInitRootInfo failed.",
+        },
+    ),
+    (
+        "[ERROR] 2025-09-03-03:02:37 (PID:7226, Device:1, RankID:3) ERR02200 DIST call hccl "
+        "api failed.",
+        {"level": "ERROR", "pid": 7226, "rank": 3, "body": "ERR02200 DIST call hccl api failed."},
     ),
 ]
 

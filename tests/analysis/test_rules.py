@@ -172,8 +172,8 @@ def test_rules_doc_and_check_commands() -> None:
 def test_strict_loading_reports_a_bad_pattern_with_its_rule(tmp_path: Path) -> None:
     (tmp_path / "x.toml").write_text(
         'schema = "kk3evidence/rules/v1"\n[[rule]]\nid = "XX001"\nname = "x"\n'
-        'kind = "failure"\nstage = "serving"\ncategory = "other"\nsummary = "s"\n'
-        'anchors = ["abcd"]\npattern = "abcd {nosuch}"\nmatch = ["abcd 1"]\n',
+        'kind = "failure"\nstage = "serving"\ncategory = "other"\nstatus = "stable"\n'
+        'summary = "s"\nanchors = ["abcd"]\npattern = "abcd {nosuch}"\nmatch = ["abcd 1"]\n',
         encoding="utf-8",
     )
     with pytest.raises(RuleError, match=r"XX001.*unknown block"):

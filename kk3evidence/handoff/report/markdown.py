@@ -40,8 +40,8 @@ __all__ = [
     "render_report",
 ]
 
-Format = Literal["markdown", "html", "github"]
-FORMATS: tuple[Format, ...] = ("markdown", "html", "github")
+Format = Literal["markdown", "html", "github", "snippet"]
+FORMATS: tuple[Format, ...] = ("markdown", "html", "github", "snippet")
 Status = Literal["pass", "fail", "unknown"]
 
 # Flags that add features on top of a plain start (the guide: agent wrappers, tool-call parsers,
@@ -844,6 +844,10 @@ def render_report(bundle: Evidence | str | Path, *, baseline: Evidence | str | P
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     ev = _evidence.coerce(bundle)
+    if fmt == "snippet":  # paste-sized: no baseline, checklist or compatibility sections
+        from kk3evidence.handoff.report.snippet import render_snippet
+
+        return render_snippet(ev)
     base = _evidence.coerce(baseline) if baseline is not None else None
     doc = build_report(ev, base, lang=lang, recipe=recipe, fmt=fmt)
     return render_doc(doc, fmt)

@@ -1,0 +1,223 @@
+"""An answer for every failing log: fallbacks ranked by evidence (basis "fallback"), the
+category from the failure's context, timeouts as `hang`, and the frame-run fast path giving
+the same analysis as the line-by-line path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kk3evidence.analysis.engine as engine
+from kk3evidence.analysis.engine import analyze
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "corpus"
+
+
+def _an(text: str):  # type: ignore[no-untyped-def]
+    return analyze(text.encode())
+
+
+def test_unknown_uncaught_exception_is_a_fallback_first_failure() -> None:
+    a = _an(
+        "INFO 01-01 00:00:00 [loader.py:1] Starting to load model /m\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/frobnicate.py", line 3, in frob\n'
+        "    raise FrobnicationError('the frobnicator is jammed')\n"
+        "FrobnicationError: the frobnicator is jammed\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.rule == "EXC001" and ff.basis == "fallback"
+    assert ff.line_no == 5 and ff.stage == "weights_access"  # the stage in progress
+    assert a.to_json()["first_failure"]["basis"] == "fallback"
+
+
+def test_a_known_failure_has_basis_rule() -> None:
+    a = _an("RuntimeError: No CUDA GPUs are available\n")
+    assert a.first_failure is not None and a.first_failure.basis == "rule"
+
+
+def test_stronger_fallback_evidence_wins_over_an_earlier_exit_status() -> None:
+    a = _an(
+        "Oct 13 07:39:49 k3s-1 systemd[1]: vllm.service: Main process exited, code=exited, "
+        "status=1/FAILURE\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/a.py", line 3, in f\n'
+        "FrobnicationError: jammed\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.rule == "EXC001" and ff.line_no == 4
+    # the weaker evidence stays listed as a failure, it is not the first one
+    assert [f.rule for f in a.findings if f.kind == "failure"] == ["EXC007", "EXC001"]
+
+
+def test_an_exit_status_alone_is_reported_not_silence() -> None:
+    a = _an("  srun: error: node7: task 0: Exited with exit code 1\n")
+    ff = a.first_failure
+    assert ff is not None and ff.rule == "EXC007" and ff.basis == "fallback"
+
+
+def test_an_exit_status_of_zero_is_not_a_failure() -> None:
+    assert _an("vllm exited with code 0\n").first_failure is None
+
+
+def test_fatal_python_error_at_interpreter_shutdown_is_noise() -> None:
+    a = _an(
+        "Fatal Python error: _enter_buffered_busy: could not acquire lock for "
+        "<_io.BufferedWriter name='<stdout>'> at interpreter shutdown, possibly due to daemon "
+        "threads\n"
+    )
+    assert a.first_failure is None
+
+
+def test_fatal_signal_without_other_evidence_is_a_fallback() -> None:
+    a = _an("(pid=5477) *** SIGABRT received at time=1762938208 on cpu 11 ***\n")
+    ff = a.first_failure
+    assert ff is not None and ff.rule == "EXC006" and ff.basis == "fallback"
+
+
+def test_assertion_inside_prefix_cache_code_takes_the_prefix_cache_category() -> None:
+    a = analyze(CORPUS / "issue-4171-prefix-prefill-assert-serving" / "output.log")
+    ff = a.first_failure
+    assert ff is not None and (ff.category, ff.stage) == ("prefix_cache", "serving")
+
+
+def test_unknown_timeout_takes_the_hang_category() -> None:
+    a = _an("TimeoutError: Timed out waiting for the frobnicator to answer\n")
+    ff = a.first_failure
+    assert ff is not None and ff.category == "hang" and ff.basis == "fallback"
+
+
+def test_a_timeout_after_a_stated_failure_is_its_consequence() -> None:
+    a = _an(
+        "[rank1]: RuntimeError: No CUDA GPUs are available\n"
+        "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+        "Timeout(ms)=600000) ran for 600086 milliseconds before timing out.\n"
+    )
+    assert a.first_failure is not None and a.first_failure.line_no == 1
+    assert [c.line_no for c in a.consequences] == [2]
+
+
+def test_a_timeout_with_no_earlier_cause_is_a_hang() -> None:
+    a = analyze(CORPUS / "issue-5458-warmup-allreduce-timeout" / "output.log")
+    assert a.first_failure is not None and a.first_failure.category == "hang"
+
+
+# -- the frame-run fast path is only faster -----------------------------------------------------
+
+
+def _both(data: bytes) -> tuple[dict[str, object], dict[str, object]]:
+    try:
+        engine.FRAME_RUNS = True
+        fast = analyze(data).to_json()
+        engine.FRAME_RUNS = False
+        slow = analyze(data).to_json()
+    finally:
+        engine.FRAME_RUNS = True
+    return fast, slow
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "realrun-fail-headdim16-first-request",
+        "realrun-fail-kv-cache-too-small",
+        "issue-4171-prefix-prefill-assert-serving",
+        "issue-pr34367-prefix-cache-fatal-tqdm-glued",
+        "gpu-torchrun-rank1-oom",
+    ],
+)
+def test_frame_runs_give_the_same_analysis_as_line_by_line(case: str) -> None:
+    data = (CORPUS / case / "output.log").read_bytes()
+    fast, slow = _both(data * 3)  # a small crash loop
+    assert fast == slow
+
+
+_FRAME_LINES = st.sampled_from(
+    [
+        '  File "/v/vllm/v1/worker/gpu_worker.py", line 9, in load_model',
+        '  File "/v/vllm/v1/core/kv_cache_manager.py", line 3, in allocate_slots',
+        "    x = a | b",
+        "    [e for e in y]",
+        "    ^^^^^^^^^",
+        "",
+        "  \x1b[31mred\x1b[0m",
+        "   INFO 01-01 00:00:00 [x.py:1] not a frame",
+        "Traceback (most recent call last):",
+        "RuntimeError: boom",
+        '  File "/x.py", line 1, in step',
+    ]
+)
+_PREFIXES = st.sampled_from(
+    [
+        "",
+        "(Worker pid=7) ERROR 11-30 01:56:46 [m.py:1] ",
+        "(Worker pid=7) ERROR 11-30 01:56:47 [m.py:1] ",  # the clock moved on
+        "(Worker pid=8) ERROR 11-30 01:56:46 [m.py:1] ",  # another process, same shape
+        "(Worker pid=7) ERROR 11-30 01:56:46 [m.py:12] ",  # another source line
+        "[rank1]: ",
+        "[rank2]: ",
+        "(EngineCore pid=8) ",
+    ]
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(_PREFIXES, _FRAME_LINES), min_size=1, max_size=40))
+def test_frame_runs_match_line_by_line_on_any_mix(lines: list[tuple[str, str]]) -> None:
+    head = "(Worker pid=7) ERROR 11-30 01:56:46 [m.py:1] Traceback (most recent call last):\n"
+    body = "".join(p + t + "\n" for p, t in lines)
+    fast, slow = _both((head + body + "RuntimeError: end\n").encode())
+    assert fast == slow
+
+
+def test_an_unknown_error_in_a_tool_parser_while_serving_is_a_serving_failure() -> None:
+    a = _an(
+        "(APIServer pid=1) INFO 01-01 00:00:00 [launcher.py:1] Application startup complete.\n"
+        "(APIServer pid=1) ERROR 01-01 00:00:09 [serving_chat.py:1] Error in chat completion\n"
+        "Traceback (most recent call last):\n"
+        '  File "/v/vllm/entrypoints/openai/tool_parsers/kimi_k2_tool_parser.py", line 9, '
+        "in extract_tool_calls\n"
+        "    raise FrobError('bad section')\n"
+        "FrobError: bad section\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.rule == "EXC001" and ff.stage == "serving"
+
+
+def test_an_unknown_c10d_error_is_a_comm_group_failure() -> None:
+    a = _an(
+        "Traceback (most recent call last):\n"
+        '  File "/v/torch/distributed/distributed_c10d.py", line 9, in init_process_group\n'
+        "    store = TCPStore(host, port)\n"
+        "FrobError: the store went away\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.stage == "comm_group"
+
+
+def test_an_assertion_in_the_v1_kv_cache_manager_is_a_prefix_cache_failure() -> None:
+    a = _an(
+        "Traceback (most recent call last):\n"
+        '  File "/v/vllm/v1/core/sched/scheduler.py", line 9, in schedule\n'
+        '  File "/v/vllm/v1/core/kv_cache_manager.py", line 3, in allocate_slots\n'
+        "    assert num_computed_tokens <= len(blocks)\n"
+        "AssertionError\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.category == "prefix_cache" and ff.basis == "fallback"
+
+
+def test_a_specific_rule_keeps_its_category_whatever_the_frames_say() -> None:
+    a = _an(
+        "Traceback (most recent call last):\n"
+        '  File "/v/vllm/v1/core/kv_cache_manager.py", line 3, in allocate_slots\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a "
+        "total capacity of 79.19 GiB of which 1.00 MiB is free.\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.category == "oom" and ff.basis == "rule"
