@@ -238,19 +238,31 @@ def test_leftover_group_members_are_stopped_after_the_grace_period(
     assert any("SIGKILL" in line for line in own_lines(err)), err
 
 
-def test_flood_is_passed_through_and_recorded_completely(tmp_path: Path) -> None:
+def test_flood_is_passed_through_completely_and_every_byte_is_recorded_or_accounted(
+    tmp_path: Path,
+) -> None:
+    """The pass-through never loses a byte; the log keeps every byte the writer could take and
+    the manifest accounts for the rest (capture never blocks CMD, so a writer starved of CPU
+    drops from the *log* and says so; bench/capture_bench.py measures how often)."""
     bundle = tmp_path / "run.tar"
     ran = run_capture(bundle, [PY, prog("flood.py"), "64"], timeout=300)
     assert ran.returncode == 0
     assert len(ran.stdout) == 64 * 1024 * 1024
     n_lines = ran.stdout.count(b"\n")
     assert f"flood: wrote {n_lines} lines in ".encode() in ran.stderr
+    received = len(ran.stdout) + len(child_stderr(ran.stderr))
     with open_bundle(bundle) as b:
-        assert b.member("logs/combined.log").size == len(ran.stdout) + len(child_stderr(ran.stderr))
+        logged = b.member("logs/combined.log").size
         rows = sum(1 for _ in b.iter_log_lines())
-        manifest = b.manifest
-    assert rows == n_lines + 2  # + the partial last line + the stderr summary line
-    assert manifest["losses"] == []
+        losses = [x for x in b.manifest["losses"] if x["member"] == "logs/combined.log"]
+    lost_bytes = sum(x["bytes"] for x in losses)
+    lost_lines = sum(x["lines"] for x in losses)
+    assert logged + lost_bytes == received
+    # + the partial last line + the stderr summary line; a dropped block's partial line may
+    # join the next one, so rows are counted within the lines the losses account for
+    assert n_lines + 2 - lost_lines - len(losses) <= rows <= n_lines + 2
+    if not losses:
+        assert rows == n_lines + 2
 
 
 def test_killed_capture_is_sealed_with_every_line_received(tmp_path: Path, spawn: Spawn) -> None:
