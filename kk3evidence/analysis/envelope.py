@@ -738,7 +738,7 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
         guard=Guard(first=_LEVEL_INITIALS),
         regex=_VLLM_LEVEL_RE,
         apply=_y_vllm_level,
-        yields=("level", "timestamp", "source_file", "rank"),
+        yields=("level", "timestamp", "source_file"),
         samples=(
             Sample(
                 line="INFO 05-10 12:00:00 llm_engine.py:176] Initializing an LLM engine",
@@ -751,7 +751,10 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
                 level="ERROR",
             ),
         ),
-        note="vLLM's logger: level, date and time, [file.py:line]; then an optional [Rank N]",
+        note=(
+            "vLLM's logger: level, date and time, [file.py:line]; an optional [Rank N] right after"
+            " it sets the rank (no real sample yet)"
+        ),
     ),
     EnvelopeFormat(
         name="torch_cpp",
