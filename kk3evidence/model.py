@@ -7,7 +7,7 @@ these exact values. Records are frozen, slotted dataclasses; ``to_json()`` gives
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 # Stages in the seed's diagnostic order (not a time order), plus serving.
 STAGES: tuple[str, ...] = (
@@ -46,14 +46,35 @@ Stage = str
 Category = str
 StageStatus = Literal["completed", "failed", "started"]
 
+#: A JSON value, as ``json.loads`` returns it and ``json.dumps`` takes it (recursive).
+JSONValue: TypeAlias = "bool | int | float | str | list[JSONValue] | dict[str, JSONValue] | None"
+#: A JSON object (what a ``to_json()`` returns).
+JSONObject: TypeAlias = "dict[str, JSONValue]"
+
 # Every versioned document kk3evidence reads or writes, by kind: "kk3evidence/<kind>/v<MAJOR>".
 # One table, so a reader and a writer can never disagree on an id (docs/bundle-format.md).
 FORMAT_IDS: dict[str, str] = {
     kind: f"kk3evidence/{kind}/v1"
     for kind in (
-        "analysis", "bundle", "staging", "manifest", "fingerprint", "launch", "notes",
-        "request", "prefix-probe", "diff", "check", "compare", "compat-rules", "rules",
-        "stage-hints", "flag-classes", "vllm-args", "ladder-plan", "ladder-state",
+        "analysis",
+        "bundle",
+        "staging",
+        "manifest",
+        "fingerprint",
+        "launch",
+        "notes",
+        "request",
+        "prefix-probe",
+        "diff",
+        "check",
+        "compare",
+        "compat-rules",
+        "rules",
+        "stage-hints",
+        "flag-classes",
+        "vllm-args",
+        "ladder-plan",
+        "ladder-state",
         "ladder-result",
     )
 }

@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyparsing as pp
 
@@ -156,9 +155,9 @@ def _captures(toks: pp.ParseResults) -> dict[str, str]:
     return out
 
 
-def _flatten(v: Any) -> list[Any]:
+def _flatten(v: object) -> list[object]:
     if isinstance(v, list | tuple):
-        res: list[Any] = []
+        res: list[object] = []
         for x in v:
             res.extend(_flatten(x))
         return res
