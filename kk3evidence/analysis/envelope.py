@@ -284,10 +284,6 @@ class Guard:
             return head in first
         return first(head)
 
-    @property
-    def checks_text(self) -> bool:
-        return self.second is not None or self.literal is not None or self.peek is not None
-
     def text_ok(self, text: str) -> bool:
         if self.second is not None and not self.second(text[1:2]):
             return False
@@ -299,7 +295,8 @@ class Guard:
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """A real line of a format and what :func:`parse_line` yields for it."""
+    """A line of a format (real where the corpus or an issue has one; else in the shape the
+    producer documents) and the body, process and level :func:`parse_line` yields for it."""
 
     line: str
     body: str
