@@ -42,39 +42,23 @@ BASES: tuple[str, ...] = ("rule", "fallback", "stall")
 SEVERITIES: tuple[str, ...] = ("fatal", "error", "warning", "info")
 RULE_STATUSES: tuple[str, ...] = ("experimental", "stable", "deprecated")
 
+#: a JSON value as ``json.loads`` gives it (no NaN/Infinity in ours); recursive
+JSONValue: TypeAlias = "str | int | float | bool | list[JSONValue] | dict[str, JSONValue] | None"
+#: a JSON object (a bundle member such as ``launch.json``, a manifest entry)
+JSONObject: TypeAlias = "dict[str, JSONValue]"
+
 Stage = str
 Category = str
 StageStatus = Literal["completed", "failed", "started"]
-
-#: A JSON value, as ``json.loads`` returns it and ``json.dumps`` takes it (recursive).
-JSONValue: TypeAlias = "bool | int | float | str | list[JSONValue] | dict[str, JSONValue] | None"
-#: A JSON object (what a ``to_json()`` returns).
-JSONObject: TypeAlias = "dict[str, JSONValue]"
 
 # Every versioned document kk3evidence reads or writes, by kind: "kk3evidence/<kind>/v<MAJOR>".
 # One table, so a reader and a writer can never disagree on an id (docs/bundle-format.md).
 FORMAT_IDS: dict[str, str] = {
     kind: f"kk3evidence/{kind}/v1"
     for kind in (
-        "analysis",
-        "bundle",
-        "staging",
-        "manifest",
-        "fingerprint",
-        "launch",
-        "notes",
-        "request",
-        "prefix-probe",
-        "diff",
-        "check",
-        "compare",
-        "compat-rules",
-        "rules",
-        "stage-hints",
-        "flag-classes",
-        "vllm-args",
-        "ladder-plan",
-        "ladder-state",
+        "analysis", "bundle", "staging", "manifest", "fingerprint", "launch", "notes",
+        "request", "prefix-probe", "diff", "check", "compare", "compat-rules", "rules",
+        "stage-hints", "flag-classes", "vllm-args", "ladder-plan", "ladder-state",
         "ladder-result",
     )
 }
