@@ -387,7 +387,8 @@ def _y_vllm_level(m: re.Match[str], acc: _Acc) -> None:
     acc.level = normalize_level(m.group("level"))
     acc.timestamp = m.group("ts")
     acc.source = m.group("src")
-    _rank_tag(acc)
+    if acc.rest[:1] == "[":
+        _rank_tag(acc)
 
 
 def _y_torch_cpp(m: re.Match[str], acc: _Acc) -> None:
@@ -395,7 +396,8 @@ def _y_torch_cpp(m: re.Match[str], acc: _Acc) -> None:
     if m.group("date"):
         acc.timestamp = f"{m.group('date')} {m.group('time')}"
     acc.source = m.group("src")
-    _rank_tag(acc)
+    if acc.rest[:1] == "[":
+        _rank_tag(acc)
 
 
 def _y_nccl(m: re.Match[str], acc: _Acc) -> None:
@@ -987,8 +989,9 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
 # --------------------------------------------------------------------------------------------
 
 # The parser runs on every line that reaches it, so the table is compiled into plain tuples:
-# (ASCII first characters the guard accepts, guard, bound match, apply, literal, window start,
-# window end, the rest of the guard or None).
+# (ASCII first characters the guard accepts, guard, bound match, apply, then the rest of the
+# guard spelled out: literal, its window start and end, second-character test, peek window
+# start and end, peek strings).
 _Entry = tuple[
     frozenset[str],
     Guard,
@@ -998,6 +1001,9 @@ _Entry = tuple[
     int,
     int,
     Callable[[str], bool] | None,
+    int,
+    int,
+    frozenset[str] | None,
 ]
 _ASCII_HEADS = ("", *map(chr, range(128)))
 
@@ -1005,11 +1011,9 @@ _ASCII_HEADS = ("", *map(chr, range(128)))
 def _entry(fmt: EnvelopeFormat) -> _Entry:
     g = fmt.guard
     heads = frozenset(h for h in _ASCII_HEADS if g.head_ok(h))
-    rest = None
-    if g.second is not None or g.peek is not None:
-        rest = Guard(second=g.second, peek=g.peek).text_ok
     lo, hi = g.within
-    return (heads, g, fmt.regex.match, fmt.apply, g.literal, lo, hi, rest)
+    plo, phi, peek = g.peek if g.peek is not None else (0, 0, None)
+    return (heads, g, fmt.regex.match, fmt.apply, g.literal, lo, hi, g.second, plo, phi, peek)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1055,10 +1059,12 @@ def _first_match(acc: _Acc, table: _LayerTable, head: str, after: int = -1) -> i
     cands = table.by_head.get(head)
     if cands is None:
         cands = table.candidates(head)
-    for idx, (_heads, _g, match, apply, lit, lo, hi, more) in cands:
-        if idx <= after:
+    for idx, (_heads, _g, match, apply, lit, lo, hi, second, plo, phi, peek) in cands:
+        if idx <= after or (lit is not None and lit not in rest[lo:hi]):
             continue
-        if (lit is not None and lit not in rest[lo:hi]) or (more is not None and not more(rest)):
+        if (second is not None and not second(rest[1:2])) or (
+            peek is not None and rest[plo:phi] not in peek
+        ):
             continue
         m = match(rest)
         if m:
