@@ -1095,15 +1095,17 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
     rest = acc.rest
     if rest.endswith("across cluster]"):
         rest = _RAY_REPEAT_RE.sub("", rest)
+    # Positional: LogLine's field order (line_no, text, body, process, pid, rank, level,
+    # timestamp, source_file, wrapper); keywords cost a measurable share of a parse.
     return LogLine(
-        line_no=line_no,
-        text=text,
-        body=rest,
-        process=acc.process,
-        pid=acc.pid,
-        rank=acc.rank,
-        level=acc.level,
-        timestamp=acc.timestamp,
-        source_file=acc.source,
-        wrapper=acc.wrapper,
+        line_no,
+        text,
+        rest,
+        acc.process,
+        acc.pid,
+        acc.rank,
+        acc.level,
+        acc.timestamp,
+        acc.source,
+        acc.wrapper,
     )
