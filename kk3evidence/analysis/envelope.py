@@ -12,9 +12,10 @@ Rules only ever see the remaining ``body``.
 Each prefix is one entry of :data:`FORMATS` (lnav style): its name, the layer it belongs to, a
 cheap :class:`Guard` on the first characters (most lines are plain: a guard that fails skips
 the expression), its compiled expression, what it yields (the :class:`LogLine` fields it sets)
-and real sample lines with the body, process and level :func:`parse_line` gives them
-(``tests/analysis/test_envelope_formats.py`` runs every sample, and every format on the other
-formats' samples to find overlaps). Layers, in order:
+and sample lines (real ones where the corpus or an issue has one) with the body, process and
+level :func:`parse_line` gives them (``tests/analysis/test_envelope_formats.py`` runs every
+sample, and every format on the other formats' samples to find overlaps). A new format is one
+entry here (and, when its yield is new, one small ``_y_*`` function). Layers, in order:
 
 * ``wrapper``: up to three rounds; in each, the first format (table order) that matches.
 * ``process``: each format at most once, in table order (``[rank1]:(pid=3) (Worker pid=4)``).
