@@ -152,116 +152,22 @@ def resolve(
     ``ready_line`` is the first line showing the server answering (``marks = "ready"``);
     ``completable`` the stages that have completion milestones (a failure while one of them is
     in progress belongs to it, see :func:`_failure_stage`)."""
-    links = chain_links or {}
-    notes: list[str] = []
-    # Drop fallback exceptions that a "During handling…" chain superseded (the outer one is what
-    # propagated), keeping those that are the direct cause of the next one.
-    kept: list[Classified] = []
-    for h in hits:
-        ln = h.line
-        if h.rule.fallback and ln.tb_chain is not None:
-            chain = links.get(ln.tb_chain, [])
-            nxt = ln.tb_index + 1
-            if nxt < len(chain) and chain[nxt] == "context":
-                continue
-        kept.append(h)
-
-    stage_of: dict[int, str] = {}
-    serving = evidence.get("serving")
-    ready_at = ready_line
-    if serving is not None and (ready_at is None or serving.first_line < ready_at):
-        ready_at = serving.first_line
+    kept = _drop_superseded(hits, chain_links or {})
     pol = policy if policy is not None else StageHints()
-    index = HintIndex(hints)
-    for h in kept:
-        stage = _failure_stage(h, evidence, ready_at, completable, hints=index, policy=pol)
-        if stage is not None:
-            stage_of[h.line.line_no] = stage
-
+    stage_of = _stages_of(
+        kept, evidence, ready_line, completable, index=HintIndex(hints), policy=pol
+    )
     cat_of = _context_categories(kept, HintIndex(category_hints), pol)
-
-    roots: list[Classified] = []
-    first_by_rule: dict[str, Classified] = {}
-    chain_first: dict[int, Classified] = {}
-    texts: dict[str, Classified] = {}
-    kind_of: dict[int, str] = {}
-    cause_of: dict[int, int | None] = {}
-    dropped: set[int] = set()
-
-    for h in kept:
-        ln = h.line
-        no = ln.line_no
-        r = h.rule
-        after_shutdown = shutdown_line is not None and no > shutdown_line
-        if r.kind == "consequence":
-            if after_shutdown and not roots:
-                dropped.add(no)
-                continue
-            cause = _pick_cause(r.consequence_of, roots)
-            kind_of[no] = "consequence"
-            cause_of[no] = cause.line.line_no if cause else None
-        else:
-            cause = None
-            if r.id in first_by_rule:
-                cause = first_by_rule[r.id]
-            elif ln.tb_chain is not None and ln.tb_index > 0 and ln.tb_chain in chain_first:
-                cause = chain_first[ln.tb_chain]
-            elif r.fallback:
-                if after_shutdown and not roots:
-                    dropped.add(no)
-                    continue
-                cause = texts.get(_exc_text(ln.body))
-                if cause is None and roots and not _outranks(h, roots):
-                    cause = roots[0]
-            elif r.category in _AFTERMATH:
-                for root in roots:
-                    if r.category == "hang" and root.rule.severity not in _SERIOUS:
-                        continue  # a warning does not explain a timeout
-                    if root.rule.category in _AFTERMATH[r.category]:
-                        cause = root
-                        break
-            if cause is None:
-                roots.append(h)
-                kind_of[no] = "failure"
-                cause_of[no] = None
-            else:
-                kind_of[no] = "consequence"
-                cause_of[no] = _root_line(cause, cause_of)
-        first_by_rule.setdefault(r.id, h)
-        if ln.tb_chain is not None:
-            chain_first.setdefault(ln.tb_chain, h)
-        texts.setdefault(_exc_text(ln.body), h)
-
-    live = [h for h in kept if h.line.line_no not in dropped]
-    serious_roots = [h for h in roots if h.rule.severity in _SERIOUS]
-    has_consequence = any(kind_of[h.line.line_no] == "consequence" for h in live)
-    first: Classified | None = None
-    if serious_roots:
-        first = _best_root(serious_roots)
-    elif roots and has_consequence:
-        first = roots[0]
-    elif has_consequence:
-        first = next(h for h in live if kind_of[h.line.line_no] == "consequence")
-        notes.append(
-            "only consequence lines were recognised; the root cause was not matched by any rule"
-        )
-
+    links = _link(kept, shutdown_line)
+    live = [h for h in kept if h.line.line_no not in links.dropped]
+    notes: list[str] = []
+    first = _first_failure(links, live, notes)
     first_no = first.line.line_no if first else None
-    findings: list[Finding] = []
-    consequences: list[Finding] = []
-    for h in live:
-        no = h.line.line_no
-        kind = kind_of[no]
-        caused = cause_of.get(no)
-        if kind == "consequence" and caused is None and first_no is not None and no != first_no:
-            caused = first_no
-        f = h.finding(stage=stage_of.get(no), kind=kind, caused_by=caused, category=cat_of.get(no))
-        findings.append(f)
-        if kind == "consequence" and no != first_no:
-            consequences.append(f)
-
+    findings, consequences = _findings(live, links, first_no, stage_of, cat_of)
     # No rule knew the cause of a fallback first failure: the best evidence stands in for it.
-    unknown = first is not None and (first.rule.fallback or kind_of[first_no or 0] == "consequence")
+    unknown = first is not None and (
+        first.rule.fallback or links.kind_of[first_no or 0] == "consequence"
+    )
     findings, first_finding = _first_with_basis(findings, first_no, unknown)
     findings, consequences, first_finding = _fold_ranks(live, findings, consequences, first_finding)
     stages, last = _stages(evidence, first_finding, shutdown_line)
@@ -274,6 +180,168 @@ def resolve(
         first_captures=dict(first.captures) if first else {},
         notes=tuple(notes),
     )
+
+
+def _drop_superseded(
+    hits: Sequence[Classified], links: dict[int, list[str | None]]
+) -> list[Classified]:
+    """Drop fallback exceptions that a "During handling…" chain superseded (the outer one is
+    what propagated), keeping those that are the direct cause of the next one."""
+    kept: list[Classified] = []
+    for h in hits:
+        ln = h.line
+        if h.rule.fallback and ln.tb_chain is not None:
+            chain = links.get(ln.tb_chain, [])
+            nxt = ln.tb_index + 1
+            if nxt < len(chain) and chain[nxt] == "context":
+                continue
+        kept.append(h)
+    return kept
+
+
+def _stages_of(
+    kept: Sequence[Classified],
+    evidence: dict[str, StageEvidence],
+    ready_line: int | None,
+    completable: frozenset[str],
+    *,
+    index: HintIndex,
+    policy: StageHints,
+) -> dict[int, str]:
+    """Line -> stage for the failures whose stage is not simply their rule's."""
+    serving = evidence.get("serving")
+    ready_at = ready_line
+    if serving is not None and (ready_at is None or serving.first_line < ready_at):
+        ready_at = serving.first_line
+    stage_of: dict[int, str] = {}
+    for h in kept:
+        stage = _failure_stage(h, evidence, ready_at, completable, hints=index, policy=policy)
+        if stage is not None:
+            stage_of[h.line.line_no] = stage
+    return stage_of
+
+
+@dataclass(slots=True)
+class _Links:
+    """Each failure line's kind (``failure`` root or ``consequence``) and root cause line."""
+
+    roots: list[Classified] = field(default_factory=list)
+    kind_of: dict[int, str] = field(default_factory=dict)
+    cause_of: dict[int, int | None] = field(default_factory=dict)
+    dropped: set[int] = field(default_factory=set)  # shutdown noise
+
+
+def _link(kept: Sequence[Classified], shutdown_line: int | None) -> _Links:
+    """Walk the failures in log order: each is a root or the consequence of an earlier one."""
+    out = _Links()
+    roots = out.roots
+    first_by_rule: dict[str, Classified] = {}
+    chain_first: dict[int, Classified] = {}
+    texts: dict[str, Classified] = {}
+    for h in kept:
+        ln = h.line
+        no = ln.line_no
+        r = h.rule
+        after_shutdown = shutdown_line is not None and no > shutdown_line
+        if r.kind == "consequence":
+            if after_shutdown and not roots:
+                out.dropped.add(no)
+                continue
+            cause = _pick_cause(r.consequence_of, roots)
+            out.kind_of[no] = "consequence"
+            out.cause_of[no] = cause.line.line_no if cause else None
+        else:
+            cause = _same_cause(h, first_by_rule, chain_first)
+            if cause is None and r.fallback and after_shutdown and not roots:
+                out.dropped.add(no)  # shutdown noise
+                continue
+            if cause is None:
+                cause = _earlier_cause(h, roots, texts)
+            if cause is None:
+                roots.append(h)
+                out.kind_of[no] = "failure"
+                out.cause_of[no] = None
+            else:
+                out.kind_of[no] = "consequence"
+                out.cause_of[no] = _root_line(cause, out.cause_of)
+        first_by_rule.setdefault(r.id, h)
+        if ln.tb_chain is not None:
+            chain_first.setdefault(ln.tb_chain, h)
+        texts.setdefault(_exc_text(ln.body), h)
+    return out
+
+
+def _same_cause(
+    h: Classified, first_by_rule: dict[str, Classified], chain_first: dict[int, Classified]
+) -> Classified | None:
+    """An earlier line of the same rule, or the first exception of the same traceback chain."""
+    ln = h.line
+    if h.rule.id in first_by_rule:
+        return first_by_rule[h.rule.id]
+    if ln.tb_chain is not None and ln.tb_index > 0 and ln.tb_chain in chain_first:
+        return chain_first[ln.tb_chain]
+    return None
+
+
+def _earlier_cause(
+    h: Classified, roots: list[Classified], texts: dict[str, Classified]
+) -> Classified | None:
+    """For a fallback: the same exception text printed before, else the first root (unless
+    it outranks every root); for an aftermath category: the first root that explains it."""
+    r = h.rule
+    if r.fallback:
+        cause = texts.get(_exc_text(h.line.body))
+        if cause is None and roots and not _outranks(h, roots):
+            cause = roots[0]
+        return cause
+    if r.category in _AFTERMATH:
+        for root in roots:
+            if r.category == "hang" and root.rule.severity not in _SERIOUS:
+                continue  # a warning does not explain a timeout
+            if root.rule.category in _AFTERMATH[r.category]:
+                return root
+    return None
+
+
+def _first_failure(links: _Links, live: list[Classified], notes: list[str]) -> Classified | None:
+    """The first causal failure: the best serious root, else the first root or consequence
+    when consequences were seen (a note says when only consequences were recognised)."""
+    roots = links.roots
+    serious_roots = [h for h in roots if h.rule.severity in _SERIOUS]
+    has_consequence = any(links.kind_of[h.line.line_no] == "consequence" for h in live)
+    if serious_roots:
+        return _best_root(serious_roots)
+    if roots and has_consequence:
+        return roots[0]
+    if has_consequence:
+        notes.append(
+            "only consequence lines were recognised; the root cause was not matched by any rule"
+        )
+        return next(h for h in live if links.kind_of[h.line.line_no] == "consequence")
+    return None
+
+
+def _findings(
+    live: list[Classified],
+    links: _Links,
+    first_no: int | None,
+    stage_of: dict[int, str],
+    cat_of: dict[int, str],
+) -> tuple[list[Finding], list[Finding]]:
+    """Every live failure line as a finding, and the consequences among them."""
+    findings: list[Finding] = []
+    consequences: list[Finding] = []
+    for h in live:
+        no = h.line.line_no
+        kind = links.kind_of[no]
+        caused = links.cause_of.get(no)
+        if kind == "consequence" and caused is None and first_no is not None and no != first_no:
+            caused = first_no
+        f = h.finding(stage=stage_of.get(no), kind=kind, caused_by=caused, category=cat_of.get(no))
+        findings.append(f)
+        if kind == "consequence" and no != first_no:
+            consequences.append(f)
+    return findings, consequences
 
 
 def _first_with_basis(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,14 @@ from kk3evidence.analysis.grammar import (
 )
 from kk3evidence.bundle.schema import load_toml
 from kk3evidence.errors import RuleError
-from kk3evidence.model import CATEGORIES, FORMAT_IDS, RULE_STATUSES, SEVERITIES, STAGES
+from kk3evidence.model import (
+    CATEGORIES,
+    FORMAT_IDS,
+    RULE_STATUSES,
+    SEVERITIES,
+    STAGES,
+    JSONObject,
+)
 
 __all__ = [
     "KINDS",
@@ -128,7 +135,7 @@ class Rule:
             line = _as_exception(line)
         return self.matches(line)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "id": self.id,
             "name": self.name,
@@ -142,10 +149,10 @@ class Rule:
             "next_steps": list(self.next_steps),
             "anchors": list(self.anchors),
             "pattern": list(self.pattern_sources),
-            "levels": sorted(self.levels) if self.levels is not None else None,
+            "levels": [*sorted(self.levels)] if self.levels is not None else None,
             "match": list(self.match),
             "no_match": list(self.no_match),
-            "consequence_of": sorted(self.consequence_of) if self.consequence_of else None,
+            "consequence_of": [*sorted(self.consequence_of)] if self.consequence_of else None,
             "when": self.when,
             "marks": self.marks,
             "scope": self.scope,
@@ -239,7 +246,9 @@ def _schema() -> dict[str, Any]:
     return data
 
 
-def iter_rule_problems(doc: dict[str, Any], source: str, *, strict: bool = True) -> Iterator[str]:
+def iter_rule_problems(
+    doc: Mapping[str, object], source: str, *, strict: bool = True
+) -> Iterator[str]:
     """Yield one located message per problem in a parsed rule file.
 
     ``strict`` (the default; tests, ``--check``, user rule files) validates against
@@ -256,7 +265,8 @@ def iter_rule_problems(doc: dict[str, Any], source: str, *, strict: bool = True)
             yield f"{source}: ${path}: {err.message}"
     elif not isinstance(doc.get("rule"), list):
         yield f"{source}: no [[rule]] tables"
-    for i, r in enumerate(doc.get("rule", []) if isinstance(doc.get("rule"), list) else []):
+    tables = doc.get("rule", [])
+    for i, r in enumerate(tables if isinstance(tables, list) else []):
         if not isinstance(r, dict):
             continue
         where = f"{source}: rule[{i}] {r.get('id', '?')}"

@@ -5,6 +5,7 @@ n and 2n characters (and at 600 KB, past the cap on what a rule matches)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pyparsing as pp
 import pytest
 
-from kk3evidence.analysis import grammar
+from kk3evidence.analysis import envelope, grammar
 from kk3evidence.analysis.grammar import parse_line
 from kk3evidence.analysis.rules import load_rules
 from kk3evidence.bundle import redact
@@ -70,10 +71,16 @@ class _Counting:
 @pytest.fixture
 def counted_regexes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     counter = [0]
-    for mod in (grammar, redact):
+    for mod in (grammar, envelope, redact):
         for name, value in vars(mod).items():
             if isinstance(value, re.Pattern):
                 monkeypatch.setattr(mod, name, _Counting(value, counter))
+    # The envelope formats hold their own expressions: count those too.
+    counted_formats = tuple(
+        dataclasses.replace(f, regex=_Counting(f.regex, counter))  # type: ignore[arg-type]
+        for f in envelope.FORMATS
+    )
+    monkeypatch.setattr(envelope, "_TABLES", envelope._build_tables(counted_formats))
     patterns = tuple(
         redact._Pattern(p.kind, p.anchors, _Counting(p.regex, counter), p.boundary, p.on_lower)  # type: ignore[arg-type]
         for p in redact._PATTERNS
