@@ -26,6 +26,7 @@ from kk3evidence.analysis.causality import HintEvent, StageEvidence, resolve
 from kk3evidence.analysis.classify import Classified, Classifier
 from kk3evidence.analysis.grammar import TB_HEADER, TracebackTracker, decode_line, parse_line
 from kk3evidence.analysis.prefilter import Prefilter
+from kk3evidence.analysis.engine_config import EngineConfigCollector
 from kk3evidence.analysis.rules import RuleSet, StageHints, load_rules, load_stage_hints
 from kk3evidence.errors import BundleError, InputError
 from kk3evidence.model import Analysis
@@ -125,6 +126,7 @@ class AnalysisEngine:
         self._long_lines = 0
         self._lo = 0  # bounds of the block being processed
         self._hi = 0
+        self._engine_config = EngineConfigCollector()  # what vLLM reports it runs with
 
     @property
     def prefilter_engine(self) -> str:
@@ -225,6 +227,7 @@ class AnalysisEngine:
             consequences=res.consequences,
             findings=res.findings,
             extra=extra,
+            engine_config=self._engine_config.result(),
         )
 
     # -- the block scan ------------------------------------------------------------------
@@ -236,6 +239,7 @@ class AnalysisEngine:
         base = self.lines
         n = len(block) if hi is None else hi
         self._lo, self._hi = lo, n
+        self._engine_config.scan(block, lo, n, base)
         hits = c.prefilter.scan(block, lo, n)
         single = c.single
         # Anchor-only milestones: only their first and last line per block matter.
