@@ -6,29 +6,38 @@ import sys
 
 import click
 
-from kk3evidence.handoff.compat import CheckResult, check
+from kk3evidence.handoff import evidence as _evidence
+from kk3evidence.handoff.compat import CheckResult, check, cpu_build
 
 from ._common import echo_json, handle_errors
 
-_MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "????"}
+_MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
 
 
-def _human(result: CheckResult) -> str:
+def _mark(status: str, level: str) -> str:
+    # A failed warning-level rule does not fail the check: it must not read as FAIL.
+    return "WARN" if status == "fail" and level != "error" else _MARK[status]
+
+
+def _human(result: CheckResult, cpu: list[str] | None = None) -> str:
     head = f"{result.source}: "
     if result.recipe:
         head += f"recipe {result.recipe}" + (" (picked from the served model)"
                                               if result.recipe_auto else "")
     else:
         head += "generic rules only (no --recipe given and none matches the model)"
-    lines = [head, ""]
+    lines = [head]
+    if cpu:
+        lines.append("CPU build: " + "; ".join(cpu) + " - outside every CUDA boundary")
+    lines.append("")
     for r in result.results:
         level = "" if r.rule.level == "error" else " (warning)"
-        lines.append(f"{_MARK[r.status]} {r.rule.id} {r.rule.name}{level}: {r.reason}")
+        lines.append(f"{_mark(r.status, r.rule.level):7} {r.rule.id} {r.rule.name}{level}: {r.reason}")
         for e in r.evidence:
-            lines.append(f"       evidence: {e}")
+            lines.append(f"        evidence: {e}")
         if r.status == "fail":
-            lines.append(f"       next: {r.rule.next_steps}")
-        lines.append(f"       source: {r.rule.source} ({r.rule.source_date})")
+            lines.append(f"        next: {r.rule.next_steps}")
+        lines.append(f"        source: {r.rule.source} ({r.rule.source_date})")
     c = result.counts()
     lines.append("")
     failed = [f"{r.rule.id} {r.rule.name}" for r in result.failed if r.rule.level == "error"]
@@ -51,9 +60,11 @@ def command(bundle: str, recipe: str | None, as_json: bool) -> None:
     Every rule ends pass, fail or unknown with the evidence it used and its source URL and
     date. Exit 0 when no error-level rule fails, 6 when one does.
     """
-    result = check(bundle, recipe)
+    ev = _evidence.load(bundle)
+    result = check(ev, recipe)
+    cpu = cpu_build(ev)
     if as_json:
-        echo_json(result.to_json())
+        echo_json({**result.to_json(), "cpu_build": cpu is not None})
     else:
-        click.echo(_human(result))
+        click.echo(_human(result, cpu))
     sys.exit(result.exit_code)

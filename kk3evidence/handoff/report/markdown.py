@@ -27,7 +27,7 @@ from kk3evidence.errors import Kk3Error, UsageError
 from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.compat import CheckResult, check_evidence, container_cuda
 from kk3evidence.handoff.diff import DiffResult, diff_evidence, request_signature, serve_command
-from kk3evidence.handoff.evidence import Evidence, LogLine, dig, other_gpu_processes
+from kk3evidence.handoff.evidence import Evidence, LogLine, Request, other_gpu_processes
 from kk3evidence.handoff.report.i18n import CHECKLIST, LANGS, Lang, text
 from kk3evidence.model import STAGES
 
@@ -166,7 +166,7 @@ def _model_name(ev: Evidence) -> str:
     cmd = serve_command(ev.argv)
     if cmd is not None and cmd.model:
         return str(cmd.model)
-    return str(ev.launch.get("served_model") or "?")
+    return ev.launch.served_model or "?"
 
 
 def _truncate(s: str, n: int) -> str:
@@ -187,12 +187,12 @@ def _summary(ev: Evidence, lang: Lang) -> list[Block]:
                              line_no=ff.get("line_no"), process=proc, last=last)))
     else:
         req = _fixed(ev)
-        if req is not None and ev.launch.get("ready_seconds") is not None:
-            out.append(Para(text(lang, "sum_ok_ready", ready=_secs(ev.launch["ready_seconds"]),
-                                 status=req.get("status"))))
+        if req is not None and ev.launch.ready_seconds is not None:
+            out.append(Para(text(lang, "sum_ok_ready", ready=_secs(ev.launch.ready_seconds),
+                                 status=req.status)))
         else:
             out.append(Para(text(lang, "sum_ok_noreq", last=last)))
-    code = ev.launch.get("exit_code")
+    code = ev.launch.exit_code
     extra = text(lang, "sum_exit", code=code) if code is not None else ""
     out.append(Para(f"{text(lang, 'sum_model', model=_model_name(ev), bundle=ev.label)} {extra}"
                     .strip()))
@@ -201,51 +201,50 @@ def _summary(ev: Evidence, lang: Lang) -> list[Block]:
 
 def fingerprint_rows(ev: Evidence, lang: Lang) -> list[tuple[str, str, str]]:
     fp = ev.fingerprint
-    host = " / ".join(str(x) for x in (dig(fp, "host.kernel"), dig(fp, "host.os"),
-                                       dig(fp, "host.arch")) if x)
-    devices = dig(fp, "gpus.devices") or []
+    host = " / ".join(str(x) for x in (fp.host.kernel, fp.host.os, fp.host.arch) if x)
+    devices = fp.gpus.devices
     if devices:
         names: dict[str, int] = {}
         for d in devices:
-            key = f"{d.get('name') or '?'} ({_gib(d.get('memory_total_bytes'))})"
+            key = f"{d.name or '?'} ({_gib(d.memory_total_bytes)})"
             names[key] = names.get(key, 0) + 1
         gpus = ", ".join(f"{n}x {k}" for k, n in names.items())
-        used = sum(int(d.get("memory_used_bytes") or 0) for d in devices)
-        gpus += "; " + text(lang, "fp_in_use", size=_gib(used))
+        used = [d.memory_used_bytes for d in devices]
+        gpus += "; " + text(lang, "fp_in_use", size=_gib(
+            None if None in used else sum(u or 0 for u in used)))
     else:
-        gpus = text(lang, "fp_no_gpu", source=dig(fp, "gpus.source") or "?")
-    libs = [f"{lib.get('name')} {lib.get('version') or ''}".strip()
-            for lib in fp.get("libraries") or [] if isinstance(lib, Mapping)]
-    env = fp.get("env") or {}
+        gpus = text(lang, "fp_no_gpu", source=fp.gpus.source or "?")
+    libs = [f"{lib.name} {lib.version or ''}".strip() for lib in fp.libraries]
+    env = fp.env
     env_text = ", ".join(f"{k}={v}" for k, v in sorted(env.items())) if env else ""
     c = "fingerprint.json"
     return [
         (text(lang, "fp_host"), _v(host, lang), f"{c} host"),
-        (text(lang, "fp_cpu"), text(lang, "fp_cpu_value", n=dig(fp, "host.cpu_count") or "?",
-                                    mem=_gib(dig(fp, "host.mem_total_bytes"))), f"{c} host"),
+        (text(lang, "fp_cpu"), text(lang, "fp_cpu_value", n=fp.host.cpu_count or "?",
+                                    mem=_gib(fp.host.mem_total_bytes)), f"{c} host"),
         (text(lang, "fp_gpus"), gpus, f"{c} gpus (NVML)"),
-        (text(lang, "fp_driver"), _v(dig(fp, "gpus.driver_version"), lang), f"{c} gpus"),
-        (text(lang, "fp_cuda_driver"), _v(dig(fp, "gpus.cuda_driver_version"), lang),
+        (text(lang, "fp_driver"), _v(fp.gpus.driver_version, lang), f"{c} gpus"),
+        (text(lang, "fp_cuda_driver"), _v(fp.gpus.cuda_driver_version, lang),
          f"{c} gpus"),
-        (text(lang, "fp_runtime"), _v(dig(fp, "container.runtime"), lang),
-         _v(dig(fp, "container.runtime_source"), lang)),
-        (text(lang, "fp_image_ref"), _v(dig(fp, "container.image_ref"), lang),
-         _v(dig(fp, "container.image_ref_source"), lang)),
-        (text(lang, "fp_image_id"), _v(dig(fp, "container.image_id"), lang),
-         _v(dig(fp, "container.image_id_source"), lang)),
-        (text(lang, "fp_python"), f"{_v(dig(fp, 'python.python_version'), lang)} "
-                                  f"({_v(dig(fp, 'python.interpreter'), lang)})",
+        (text(lang, "fp_runtime"), _v(fp.container.runtime, lang),
+         _v(fp.container.runtime_source, lang)),
+        (text(lang, "fp_image_ref"), _v(fp.container.image_ref, lang),
+         _v(fp.container.image_ref_source, lang)),
+        (text(lang, "fp_image_id"), _v(fp.container.image_id, lang),
+         _v(fp.container.image_id_source, lang)),
+        (text(lang, "fp_python"), f"{_v(fp.python.python_version, lang)} "
+                                  f"({_v(fp.python.interpreter, lang)})",
          f"{c} python"),
-        (text(lang, "fp_vllm"), _v(dig(fp, "python.vllm_version"), lang), f"{c} python"),
-        (text(lang, "fp_torch"), _v(dig(fp, "python.torch_version"), lang), f"{c} python"),
-        (text(lang, "fp_torch_cuda"), _v(dig(fp, "python.torch_cuda"), lang), f"{c} python"),
-        (text(lang, "fp_nccl"), _v(dig(fp, "python.nccl_version"), lang), f"{c} python"),
-        (text(lang, "fp_visible"), _v(dig(fp, "python.cuda_device_count"), lang),
+        (text(lang, "fp_vllm"), _v(fp.python.vllm_version, lang), f"{c} python"),
+        (text(lang, "fp_torch"), _v(fp.python.torch_version, lang), f"{c} python"),
+        (text(lang, "fp_torch_cuda"), _v(fp.python.torch_cuda, lang), f"{c} python"),
+        (text(lang, "fp_nccl"), _v(fp.python.nccl_version, lang), f"{c} python"),
+        (text(lang, "fp_visible"), _v(fp.python.cuda_device_count, lang),
          f"{c} python"),
         (text(lang, "fp_libs"), ", ".join(libs) or text(lang, "not_recorded"),
          f"{c} libraries (/proc/PID/maps)"),
         (text(lang, "fp_env"), env_text or text(lang, "none"), f"{c} env"),
-        (text(lang, "fp_collected"), _v(fp.get("collected_at"), lang), c),
+        (text(lang, "fp_collected"), _v(fp.raw.get("collected_at"), lang), c),
     ]
 
 
@@ -305,8 +304,8 @@ def _command(ev: Evidence, lang: Lang) -> list[Block]:
     return out
 
 
-def _fixed(ev: Evidence) -> Mapping[str, Any] | None:
-    fixed = [r for r in ev.requests if r.get("kind") == "fixed"]
+def _fixed(ev: Evidence) -> Request | None:
+    fixed = [r for r in ev.requests if r.kind == "fixed"]
     pool = fixed or list(ev.requests)
     return pool[0] if pool else None
 
@@ -330,21 +329,20 @@ def _request(ev: Evidence, lang: Lang) -> list[Block]:
     req = _fixed(ev)
     if req is None:
         return [Para(text(lang, "req_none"))]
-    url = str(req.get("url") or "")
-    latency = req.get("latency_s")
+    url = req.url or ""
     out: list[Block] = [Para(text(
-        lang, "req_line", method=req.get("method") or "POST", path=urlsplit(url).path or url,
-        status=req.get("status") if req.get("status") is not None else "-",
-        latency=_secs(latency)))]
+        lang, "req_line", method=req.method or "POST", path=urlsplit(url).path or url,
+        status=req.status if req.status is not None else "-",
+        latency=_secs(req.latency_s)))]
     out += [Para(text(lang, "req_body")),
-            Code(json.dumps(req.get("request_body"), ensure_ascii=False, indent=2), "json")]
-    if req.get("error"):
-        out.append(Para(text(lang, "req_error", error=req["error"])))
-    if req.get("response_body") is not None:
+            Code(json.dumps(req.request_body, ensure_ascii=False, indent=2), "json")]
+    if req.error:
+        out.append(Para(text(lang, "req_error", error=req.error)))
+    if req.response_body is not None:
         out += [Para(text(lang, "req_response")),
-                Code(_response_excerpt(req.get("response_body")), "json")]
-    cached = req.get("cached_tokens")
-    usage = req.get("usage")
+                Code(_response_excerpt(req.response_body), "json")]
+    cached = req.cached_tokens
+    usage = req.usage
     out.append(Para(text(lang, "req_usage",
                          usage=json.dumps(usage, ensure_ascii=False) if usage else "-",
                          cached=cached if cached is not None else
@@ -352,7 +350,7 @@ def _request(ev: Evidence, lang: Lang) -> list[Block]:
     others = [r for r in ev.requests if r is not req]
     if others:
         out.append(Para(text(lang, "req_more", n=len(others), names=", ".join(
-            f"{r.get('name')} ({r.get('kind')}, HTTP {r.get('status')})" for r in others))))
+            f"{r.name} ({r.kind}, HTTP {r.status})" for r in others))))
     return out
 
 
@@ -395,7 +393,7 @@ def timeline(ev: Evidence, lang: Lang) -> Timeline | None:
     if not stages:
         return None
     times = ev.line_times
-    t0 = _iso_seconds(ev.launch.get("started_at"))
+    t0 = _iso_seconds(ev.launch.started_at)
     if times and t0 is None:
         t0 = min(times.values())
     unit: Literal["s", "line"] = "s" if times and t0 is not None else "line"
@@ -415,7 +413,7 @@ def timeline(ev: Evidence, lang: Lang) -> Timeline | None:
         spans.append((str(s.get("stage")), str(s.get("status")), at(first), at(max(first, last))))
     ff = ev.first_failure
     failure_at = at(int(ff["line_no"])) if ff and ff.get("line_no") else None
-    ready = ev.launch.get("ready_seconds")
+    ready = ev.launch.ready_seconds
     ready_at = float(ready) if unit == "s" and isinstance(ready, int | float) else None
     labels = {"ready": text(lang, "tl_ready"), "failure": text(lang, "tl_first_failure"),
               "axis": text(lang, "tl_axis_s" if unit == "s" else "tl_axis_l")}
@@ -514,13 +512,13 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
     results: dict[str, tuple[Status, str]] = {}
 
     # 1. driver + container CUDA in the same snapshot
-    driver = dig(fp, "gpus.driver_version")
+    driver = fp.gpus.driver_version
     cuda, _ = container_cuda(ev)
-    source = dig(fp, "gpus.source") or "?"
+    source = fp.gpus.source or "?"
     cuda_s = ".".join(str(x) for x in cuda) if cuda else None
     if driver and cuda_s:
         results["driver_cuda_same_time"] = ("pass", text(
-            lang, "ck1_pass", driver=driver, cuda=cuda_s, at=fp.get("collected_at") or "?"))
+            lang, "ck1_pass", driver=driver, cuda=cuda_s, at=fp.raw.get("collected_at") or "?"))
     elif driver:
         results["driver_cuda_same_time"] = ("fail", text(lang, "ck1_fail_cuda", driver=driver))
     elif cuda_s and source == "nvml":
@@ -530,12 +528,12 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
         results["driver_cuda_same_time"] = ("unknown", text(lang, "ck1_unknown", source=source))
 
     # 2. image id
-    image_id = dig(fp, "container.image_id")
-    runtime = dig(fp, "container.runtime")
-    ref = dig(fp, "container.image_ref")
+    image_id = fp.container.image_id
+    runtime = fp.container.runtime
+    ref = fp.container.image_ref
     if image_id:
         results["image_id"] = ("pass", text(lang, "ck2_pass", image_id=_truncate(image_id, 24),
-                                            how=dig(fp, "container.image_id_source") or "?"))
+                                            how=fp.container.image_id_source or "?"))
     elif ref:
         results["image_id"] = ("fail", text(lang, "ck2_fail", ref=ref))
     elif runtime:
@@ -584,8 +582,8 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
             results["fixed_request"] = ("pass", text(
                 lang, "ck5_pass", cap=sig.get("max_tokens"), temp=sig.get("temperature"),
                 chars=sig.get("input_length")))
-        conc = [r for r in ev.requests if r.get("kind") == "concurrency"]
-        if req.get("kind") == "concurrency":
+        conc = [r for r in ev.requests if r.kind == "concurrency"]
+        if req.kind == "concurrency":
             results["single_vs_load"] = ("fail", text(lang, "ck6_fail"))
         elif conc:
             results["single_vs_load"] = ("pass", text(lang, "ck6_pass_both", k=len(conc)))
@@ -593,15 +591,14 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
             results["single_vs_load"] = ("pass", text(lang, "ck6_pass", n=len(ev.requests)))
 
     # 7. one variable per round
-    changes = [c for c in ev.notes.get("changes") or [] if isinstance(c, Mapping)]
+    changes = ev.notes.changes
     if baseline_diff is not None:
         summary = _verdict_text(baseline_diff, lang)
         results["one_variable"] = (("fail", text(lang, "ck7_fail", summary=summary))
                                    if baseline_diff.verdict == "several" else
                                    ("pass", text(lang, "ck7_pass", summary=summary)))
     elif changes:
-        shown = "; ".join(f"{c.get('variable')}: {c.get('from')} -> {c.get('to')}"
-                          for c in changes[:4])
+        shown = "; ".join(f"{c.variable}: {c.before} -> {c.after}" for c in changes[:4])
         results["one_variable"] = (("pass", text(lang, "ck7_notes_pass", change=shown))
                                    if len(changes) == 1 else
                                    ("fail", text(lang, "ck7_notes_fail", n=len(changes),
@@ -610,8 +607,7 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
         results["one_variable"] = ("unknown", text(lang, "ck7_unknown"))
 
     # 8. back to the last stable baseline when the error changed
-    notes_text = [str(n) for n in ev.notes.get("notes") or []] + [
-        f"{c.get('variable')} {c.get('to')}" for c in changes]
+    notes_text = list(ev.notes.notes) + [f"{c.variable} {c.after}" for c in changes]
     revert = next((n for n in notes_text
                    if re.search(r"revert|rollback|roll back|back to baseline|되돌|복귀", n, re.I)),
                   None)
@@ -653,18 +649,17 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
     results["repro_limits"] = ("pass", text(lang, "ck10_pass"))
 
     # 11. other jobs and GPU occupancy
-    cluster = ev.notes.get("cluster") if isinstance(ev.notes.get("cluster"), Mapping) else {}
-    cluster_text = str((cluster or {}).get("text") or "")
+    cluster_text = (ev.notes.cluster.text if ev.notes.cluster else None) or ""
     auto_text = cluster_text.startswith("GPU state unknown")  # capture's own "no NVML" note
-    devices = dig(fp, "gpus.devices") or []
+    devices = fp.gpus.devices
     if source == "nvml" and devices:
         results["cluster_state"] = ("pass", text(lang, "ck11_pass_nvml", n=len(devices),
-                                                 others=len(other_gpu_processes(ev))))
+                                                 others=len(other_gpu_processes(ev) or [])))
     elif cluster_text and not auto_text:
         results["cluster_state"] = ("pass", text(lang, "ck11_pass_notes",
                                                  text=_truncate(cluster_text, 100)))
     elif source == "error":
-        err = dig(fp, "gpus.error") or cluster_text or "NVML error"
+        err = fp.gpus.error or cluster_text or "NVML error"
         results["cluster_state"] = ("fail", text(lang, "ck11_fail", error=err))
     else:
         results["cluster_state"] = ("unknown", text(lang, "ck11_unknown"))
@@ -688,14 +683,13 @@ def _checklist(items: Sequence[ChecklistItem], lang: Lang) -> list[Block]:
 
 
 def _limits(ev: Evidence, lang: Lang) -> list[Block]:
-    names = sorted({str(d.get("name")) for d in dig(ev.fingerprint, "gpus.devices") or []
-                    if isinstance(d, Mapping)})
-    gpus = ", ".join(names) if names else f"CPU {dig(ev.fingerprint, 'host.arch') or ''}".strip()
+    names = sorted({str(d.name) for d in ev.fingerprint.gpus.devices})
+    gpus = ", ".join(names) if names else f"CPU {ev.fingerprint.host.arch or ''}".strip()
     items = [text(lang, "lim_1"), text(lang, "lim_2", gpus=gpus), text(lang, "lim_3"),
              text(lang, "lim_4"),
              text(lang, "lim_5", n=len(ev.manifest.get("redactions") or []))]
     req = _fixed(ev)
-    if req is not None and req.get("cached_tokens") is None:
+    if req is not None and req.cached_tokens is None:
         items.append(text(lang, "lim_cached"))
     nc = ev.manifest.get("not_collected") or []
     if nc:
