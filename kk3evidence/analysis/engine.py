@@ -24,9 +24,9 @@ from typing import IO, Any
 
 from kk3evidence.analysis.causality import HintEvent, StageEvidence, resolve
 from kk3evidence.analysis.classify import Classified, Classifier
+from kk3evidence.analysis.engine_config import EngineConfigCollector
 from kk3evidence.analysis.grammar import TB_HEADER, TracebackTracker, decode_line, parse_line
 from kk3evidence.analysis.prefilter import Prefilter
-from kk3evidence.analysis.engine_config import EngineConfigCollector
 from kk3evidence.analysis.rules import RuleSet, StageHints, load_rules, load_stage_hints
 from kk3evidence.errors import BundleError, InputError
 from kk3evidence.model import Analysis

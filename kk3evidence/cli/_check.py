@@ -32,7 +32,8 @@ def _human(result: CheckResult, cpu: list[str] | None = None) -> str:
     lines.append("")
     for r in result.results:
         level = "" if r.rule.level == "error" else " (warning)"
-        lines.append(f"{_mark(r.status, r.rule.level):7} {r.rule.id} {r.rule.name}{level}: {r.reason}")
+        mark = _mark(r.status, r.rule.level)
+        lines.append(f"{mark:7} {r.rule.id} {r.rule.name}{level}: {r.reason}")
         for e in r.evidence:
             lines.append(f"        evidence: {e}")
         if r.status == "fail":

@@ -276,9 +276,9 @@ def _decide(frame: pl.DataFrame, groups: Sequence[RunGroup],
         return Decision("move_to_isolated", tuple(dict.fromkeys(move + outside)),
                         tuple(evidence))
     if outside:
-        return Decision("keep_fixing_here", tuple(outside + [
-            "bring the environment within the official compatibility boundaries first "
-            "(kk3evidence check), then repeat"]), tuple(evidence))
+        return Decision("keep_fixing_here", (
+            *outside, "bring the environment within the official compatibility boundaries "
+            "first (kk3evidence check), then repeat"), tuple(evidence))
     return _keep_fixing(original, evs, frame, evidence)
 
 
@@ -303,9 +303,9 @@ def _hand_off(original: Sequence[RunGroup], isolated: Sequence[RunGroup],
             return Decision("keep_fixing_here", (
                 f"the failure {sig} repeats, but the run marked isolated is not on a different "
                 "host (same or unknown hostname): rerun on a separate, isolated host before "
-                "handing it off",), facts + (
-                f"hosts: original {sorted(map(str, orig_hosts))}, isolated "
-                f"{sorted(map(str, iso_hosts))}",))
+                "handing it off",), (
+                *facts, f"hosts: original {sorted(map(str, orig_hosts))}, isolated "
+                f"{sorted(map(str, iso_hosts))}"))
         if category in _USER_CATEGORIES:
             return Decision("keep_fixing_here", (
                 f"the failure {sig} reproduces on an isolated host, but it is a {category} "

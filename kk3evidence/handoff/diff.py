@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
+from kk3evidence.analysis.engine_config import EngineConfig
 from kk3evidence.errors import EXIT_OK, EXIT_SEVERAL_CHANGED, InputError
 from kk3evidence.handoff import evidence as _evidence
-from kk3evidence.analysis.engine_config import EngineConfig
 from kk3evidence.handoff.evidence import Evidence
 from kk3evidence.handoff.records import Fingerprint, Library, Request
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import json
-from pathlib import Path
-
-import copy
 from dataclasses import replace
+from pathlib import Path
 
 from _handoff_fixtures import gpu_fingerprint, run, write
 from click.testing import CliRunner
