@@ -132,8 +132,13 @@ def wait_ready(
     stop: threading.Event,
     interval: float = 0.25,
     headers: Mapping[str, str] | None = None,
+    verify: Callable[[str | None], str | None] | None = None,
 ) -> Readiness:
-    """Poll ``/health`` then ``/v1/models`` until both answer 200, the child dies or time is up."""
+    """Poll ``/health`` then ``/v1/models`` until both answer 200, the child dies or time is up.
+
+    ``verify(served_model)`` returns why the answering server is not the launched one (a stale
+    server on the port, another model), or None: such answers never count as ready.
+    """
     attempts = 0
     last_error = "no answer yet"
     deadline = started_mono + timeout
@@ -182,7 +187,12 @@ def wait_ready(
                         max_len = int(raw_len) if isinstance(raw_len, int) else None
                     except (ValueError, AttributeError, IndexError, TypeError):
                         body = models.text[:10_000]
-                    return Readiness(True, seconds, served, body, max_len, None, attempts)
+                    foreign = verify(served) if verify is not None else None
+                    if foreign is None:
+                        return Readiness(True, seconds, served, body, max_len, None, attempts)
+                    last_error = foreign
+                    stop.wait(interval)
+                    continue
                 last_error = f"/v1/models answered {models.status_code}"
             else:
                 last_error = f"/health answered {health.status_code}"

@@ -41,6 +41,7 @@ from typing import Any, cast
 
 from kk3evidence.capture import fingerprint as fpmod
 from kk3evidence.capture import http as probe
+from kk3evidence.capture import identity
 from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
 from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
@@ -545,6 +546,7 @@ def run_capture(
         "changes": [c.to_json() for c in changes],
         "cluster": {"gpu_processes": [], "text": opts.cluster_text},
     }
+    identity.record_port_holder(run.target, launch, say)
     _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
     _safe(run, "notes.json", lambda: writer.write_json("notes.json", notes))
     say(
@@ -896,6 +898,9 @@ def _probe(run: _Run) -> None:
             alive=lambda: not run.child_exited.is_set(),
             stop=run.stop,
             headers=auth,
+            verify=identity.verifier(target.host, target.port,
+                                     lambda: run.proc.pid if run.proc else None,
+                                     identity.expected_models(run.serve)),
         )
         run.readiness = rd
         if not rd.ready:

@@ -337,8 +337,8 @@ def cpu_build(ev: Evidence) -> list[str] | None:
         if v is not None and v.endswith("+cpu")]
     if not proof or ev.fingerprint.gpus.nvml:
         return None
-    return proof + [f"fingerprint gpus.source: {ev.fingerprint.gpus.source or 'absent'} "
-                    "(no NVML)"]
+    return [*proof, f"fingerprint gpus.source: {ev.fingerprint.gpus.source or 'absent'} "
+            "(no NVML)"]
 
 
 def _cpu_fail(ev: Evidence, what: str, evidence: list[str]) -> Outcome | None:
