@@ -642,6 +642,9 @@ def _iter_lines_as_blocks(lines: Iterable[str | bytes]) -> Iterator[bytes]:
 
 
 def _blocks_for(source: object) -> tuple[str, Iterator[bytes]]:
+    if isinstance(source, str) and "\n" in source:
+        # Log text, not a path: no file name holds a newline in practice.
+        return "<text>", iter([source.encode("utf-8", errors="surrogateescape")])
     if isinstance(source, str | os.PathLike):
         s = os.fspath(source)
         if isinstance(s, bytes):
@@ -679,8 +682,9 @@ def analyze(
     engine: str | None = None,
     context: int = 3,
 ) -> Analysis:
-    """Analyse a bundle path (.tar/.tar.gz/.tgz), a log path, ``"-"`` (stdin), a binary file
-    object, raw bytes, or an iterable of ``str``/``bytes`` lines.
+    """Analyse a bundle path (.tar/.tar.gz/.tgz), a log path, ``"-"`` (stdin), log text (a
+    ``str`` holding a newline), a binary file object, raw bytes, or an iterable of
+    ``str``/``bytes`` lines.
 
     Raises :class:`~kk3evidence.errors.InputError` (or ``BundleError``) for unreadable input;
     never a traceback for the content of a log.

@@ -197,8 +197,18 @@ def wait_ready(
             else:
                 last_error = f"/health answered {health.status_code}"
         except httpx.HTTPError as exc:
-            last_error = f"{type(exc).__name__}"
+            last_error = _why_no_answer(exc, target)
         stop.wait(interval)
+
+
+def _why_no_answer(exc: httpx.HTTPError, target: ApiTarget) -> str:
+    """A sentence, not an exception class name ("(ConnectError)" told users nothing)."""
+    where = f"{target.host}:{target.port}"
+    if isinstance(exc, httpx.ConnectError):
+        return f"nothing accepted a connection on {where}"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"{where} accepted the connection but did not answer in time"
+    return f"HTTP error talking to {where}: {exc or type(exc).__name__}"
 
 
 def _decode_body(resp: httpx.Response) -> tuple[Any, bool]:

@@ -1210,7 +1210,8 @@ def _summary(
             f"({ff.get('stage')}/{ff.get('category')}, rule {ff.get('rule')}): {text}"
         )
     elif analysis is not None:
-        parts.append(f"no failure found (last stage {analysis.get('last_stage_reached')})")
+        last = analysis.get("last_stage_reached") or "none reached"
+        parts.append(f"no failure found (last stage: {last})")
     if launch.get("signal"):
         end = f"killed by signal {launch['signal']}"
     else:

@@ -9,7 +9,7 @@ import click
 
 from kk3evidence.analysis.engine import analyze
 from kk3evidence.analysis.rules import load_rule_files
-from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, UsageError
+from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, InputError, UsageError
 from kk3evidence.model import Analysis, Finding
 
 from ._common import echo_json, handle_errors
@@ -163,6 +163,11 @@ def command(
         raise UsageError("--json and --markdown are exclusive; pick one output form")
     ruleset = load_rule_files(list(rule_paths), with_shipped=True) if rule_paths else None
     result = analyze(source, context=context, ruleset=ruleset)
+    if result.lines_total == 0:
+        # No evidence either way: "no failure found" would read as a clean start.
+        raise InputError(f"{source}: the log is empty: nothing to analyse (no failure found, "
+                         "and no evidence of a clean start either); check that the right file "
+                         "or bundle was given and that the program wrote to it")
     if as_json:
         echo_json(spec_json(result))
     elif as_md:

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from kk3evidence.capture.run import CaptureOptions, main_passthrough_sinks, run_capture
+from kk3evidence.errors import UsageError
 
 from ._common import handle_errors
 
@@ -41,6 +42,11 @@ def _say(message: str) -> None:
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Bundle to write (.tar, .tar.gz); default kk3-<UTC time>.tar here.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Overwrite the bundle named by -o when it already exists (default: refuse, exit 2).",
 )
 @click.option(
     "--staging",
@@ -145,6 +151,7 @@ def _say(message: str) -> None:
 def command(
     *,
     output: Path | None,
+    force: bool,
     staging: Path | None,
     notes: tuple[str, ...],
     changes: tuple[str, ...],
@@ -173,6 +180,10 @@ def command(
     with per-line receive times, readiness, the fixed request and /metrics, notes, and
     the analysis. Secrets are redacted before anything is written.
     """
+    if output is not None and output.exists() and not force:
+        # Evidence is never lost silently: an earlier bundle under the same name stays.
+        raise UsageError(f"{output} already exists; pick another -o name or pass --force to "
+                         "overwrite it")
     opts = CaptureOptions(
         argv=cmd,
         output=output,

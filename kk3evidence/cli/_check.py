@@ -49,7 +49,7 @@ def _human(result: CheckResult, cpu: list[str] | None = None) -> str:
 
 
 @click.command(name="check")
-@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.argument("bundle", type=click.Path())
 @click.option("--recipe", metavar="NAME",
               help="Also apply a recipe's boundaries (e.g. kimi-k3). Default: picked from the "
                    "served model when one matches.")

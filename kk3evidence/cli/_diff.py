@@ -40,8 +40,8 @@ def _human(result: DiffResult) -> str:
 
 
 @click.command(name="diff")
-@click.argument("bundle_a", metavar="A", type=click.Path(dir_okay=False))
-@click.argument("bundle_b", metavar="B", type=click.Path(dir_okay=False))
+@click.argument("bundle_a", metavar="A", type=click.Path())
+@click.argument("bundle_b", metavar="B", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @handle_errors
 def command(bundle_a: str, bundle_b: str, as_json: bool) -> None:

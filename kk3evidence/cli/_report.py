@@ -14,8 +14,8 @@ from ._common import handle_errors
 
 
 @click.command(name="report")
-@click.argument("bundle", type=click.Path(dir_okay=False))
-@click.option("--baseline", "baseline", metavar="BUNDLE", type=click.Path(dir_okay=False),
+@click.argument("bundle", type=click.Path())
+@click.option("--baseline", "baseline", metavar="BUNDLE", type=click.Path(),
               help="The last stable run: adds the single-variable result against it.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="markdown",
               show_default=True,

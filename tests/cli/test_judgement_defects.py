@@ -1,0 +1,49 @@
+"""Small defects of issue 10, one regression test each (CLI level)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kk3evidence import analyze
+from kk3evidence.cli import main
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "realruns"
+
+
+@pytest.mark.parametrize("args", [
+    ["analyze", "{d}"], ["validate", "{d}"], ["check", "{d}"], ["report", "{d}"],
+    ["diff", "{d}", "{d}"], ["compare", "{d}"],
+])
+def test_a_directory_given_as_a_bundle_is_invalid_input_everywhere(
+        tmp_path: Path, args: list[str]) -> None:
+    res = CliRunner().invoke(main, [a.format(d=tmp_path) for a in args])
+    assert res.exit_code == 4, res.output
+    assert "directory" in res.output
+
+
+def test_analyze_takes_log_text_as_text_not_as_a_path() -> None:
+    text = (REAL / "fail_port_in_use" / "output.log").read_text()
+    result = analyze(text)
+    assert result.source == "<text>"
+    assert result.first_failure is not None and result.first_failure.category == "port"
+
+
+def test_an_empty_log_is_not_no_failure(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    res = CliRunner().invoke(main, ["analyze", str(empty)])
+    assert res.exit_code == 4
+    assert "empty" in res.output
+    assert "No failure found" not in res.output
+
+
+def test_capture_refuses_to_overwrite_a_bundle(tmp_path: Path) -> None:
+    out = tmp_path / "b.tar"
+    out.write_bytes(b"earlier evidence")
+    res = CliRunner().invoke(main, ["capture", "-o", str(out), "--", "true"])
+    assert res.exit_code == 2
+    assert "already exists" in res.output and "--force" in res.output
+    assert out.read_bytes() == b"earlier evidence"
