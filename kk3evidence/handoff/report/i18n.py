@@ -392,6 +392,32 @@ _CATALOG: dict[str, tuple[str, str]] = {
         "이 실행에서는 prefix caching이 켜져 있지 않습니다 ({how}). 나중에 별도 "
         "회차에서 검증하십시오",
     ),
+    "ck9_engine_line": (
+        "the engine reports enable_prefix_caching=True at log line {line}, without the flag",
+        "플래그 없이도 엔진이 로그 {line}행에서 enable_prefix_caching=True를 보고합니다",
+    ),
+    "ck9_engine_off": (
+        "the engine reports enable_prefix_caching=False at log line {line}",
+        "엔진이 로그 {line}행에서 enable_prefix_caching=False를 보고합니다",
+    ),
+    "ck9_default_on": (
+        "prefix caching is on by default ({how}); verify it in its own round: a baseline with "
+        "--no-enable-prefix-caching, then the same run with it on",
+        "prefix caching이 기본값으로 켜져 있습니다 ({how}). 별도 회차에서 검증하십시오: "
+        "--no-enable-prefix-caching 기준선 다음에 켠 상태로 같은 실행",
+    ),
+    "ck9_pass_default_metrics": (
+        "prefix caching is on by default ({how}); /metrics shows {hits} hits of {queries} "
+        "queried tokens",
+        "prefix caching이 기본값으로 켜져 있고 ({how}) /metrics에서 조회 토큰 {queries}개 중 "
+        "{hits}개 적중을 확인했습니다",
+    ),
+    "ck9_unknown_no_engine": (
+        "the log has no engine config line, so whether prefix caching was on is unknown "
+        "(the flag alone does not decide it)",
+        "로그에 엔진 설정 줄이 없어 prefix caching이 켜졌는지 알 수 없습니다 (플래그만으로는 "
+        "정해지지 않습니다)",
+    ),
     "ck10_pass": (
         "this report has a 'Reproducibility limits' section",
         "이 문서에 '재현성의 한계' 절이 있습니다",

@@ -255,10 +255,24 @@ class RemovedFlag:
     why: str
 
 
-def minimal_command(ev: Evidence) -> tuple[str | None, tuple[RemovedFlag, ...]]:
+#: flags that name or place the server, never a feature (the checklist must not count them)
+_IDENTITY_FLAGS = frozenset({"--served-model-name", "--host", "--port"})
+
+
+def _round_flags(d: DiffResult | None) -> set[str]:
+    """The flags this round changed against its baseline (``--x``): the round's own variable,
+    which the minimal command must keep so that it still reproduces the failure."""
+    if d is None:
+        return set()
+    return {c.label for c in d.variables if c.variable.startswith("argv:--")}
+
+
+def minimal_command(ev: Evidence, keep: set[str] | frozenset[str] = frozenset()
+                    ) -> tuple[str | None, tuple[RemovedFlag, ...]]:
     """The minimal start command (as ``kk3evidence minimize`` computes it) and what it drops.
 
-    Returns ``(None, ())`` when the argv is not a ``vllm serve`` command.
+    Flags in ``keep`` (``--x``: the round's own variable, e.g. the one ``--baseline`` names as
+    the cause) stay in. Returns ``(None, ())`` when the argv is not a ``vllm serve`` command.
     """
     from kk3evidence import vllm_args
 
@@ -271,28 +285,37 @@ def minimal_command(ev: Evidence) -> tuple[str | None, tuple[RemovedFlag, ...]]:
         m = minimize(list(ev.argv))
     except (ImportError, Kk3Error):
         # minimize unavailable or the command names no model: drop the known feature flags
-        flags = [f for f in cmd.flags if f in FEATURE_FLAGS]
+        flags = [f for f in cmd.flags if f in FEATURE_FLAGS and f"--{f}" not in keep]
         removed = tuple(RemovedFlag(f"--{f}", "feature", "adds a feature on top of a plain "
                                     "start") for f in flags)
         return vllm_args.render_shell(cmd.replace(drop=flags)), removed
-    removed = tuple(RemovedFlag(f"--{r.name}", r.cls, r.why) for r in m.removed)
-    return vllm_args.render_shell(m.minimal), removed
+    dropped = [r for r in m.removed if f"--{r.name}" not in keep]
+    kept_back = [r.name for r in m.removed if f"--{r.name}" in keep]
+    minimal = m.minimal
+    if kept_back:
+        minimal = cmd.replace(drop=[f for f in cmd.flags if f not in set(m.minimal.flags)
+                                    and f not in kept_back])
+    removed = tuple(RemovedFlag(f"--{r.name}", r.cls, r.why) for r in dropped)
+    return vllm_args.render_shell(minimal), removed
 
 
-def feature_flags(ev: Evidence) -> list[str]:
-    """Flags that are business extras in a start command (features, wrapper options)."""
-    _, removed = minimal_command(ev)
-    return [r.flag for r in removed if r.cls in ("feature", "business-wrapper")]
+def feature_flags(ev: Evidence, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Flags that are business extras in a start command (features, wrapper options); not the
+    server's name or address, not the round's own variable (``keep``)."""
+    _, removed = minimal_command(ev, keep)
+    return [r.flag for r in removed if r.cls in ("feature", "business-wrapper")
+            and r.flag not in _IDENTITY_FLAGS]
 
 
-def _command(ev: Evidence, lang: Lang) -> list[Block]:
+def _command(ev: Evidence, lang: Lang, keep: set[str] | frozenset[str] = frozenset()
+             ) -> list[Block]:
     if not ev.argv:
         return [Para(text(lang, "cmd_none"))]
     import shlex
 
     out: list[Block] = [Para(text(lang, "cmd_as_run")),
                         Code(" ".join(shlex.quote(a) for a in ev.argv), "bash")]
-    minimal, removed = minimal_command(ev)
+    minimal, removed = minimal_command(ev, keep)
     if minimal is None:
         return out
     if removed:
@@ -546,7 +569,7 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
     if cmd is None:
         results["minimal_command"] = ("unknown", text(lang, "ck3_unknown"))
     else:
-        feats = feature_flags(ev)
+        feats = feature_flags(ev, _round_flags(baseline_diff))
         results["minimal_command"] = (("fail", text(lang, "ck3_fail", flags=", ".join(feats)))
                                       if feats else
                                       ("pass", text(lang, "ck3_pass", n=len(cmd.flags))))
@@ -613,9 +636,10 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
                   None)
     if baseline is not None and baseline_diff is not None:
         bff = baseline.first_failure
-        if bff is None and baseline_diff.verdict in ("none", "one"):
+        if bff is None and baseline_diff.verdict == "none":
+            # This run is the baseline's configuration again: that is going back.
             results["reverted_baseline"] = ("pass", text(lang, "ck8_pass_baseline"))
-        elif bff is not None:
+        elif bff is not None and not revert:
             results["reverted_baseline"] = ("fail", text(lang, "ck8_fail", stage=bff.get("stage"),
                                                          category=bff.get("category")))
         else:
@@ -626,24 +650,9 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
     else:
         results["reverted_baseline"] = ("unknown", text(lang, "ck8_unknown"))
 
-    # 9. prefix caching verified separately and explicitly
-    pc = cmd.flags.get("enable-prefix-caching") if cmd is not None else None
-    if pc is True:
-        others = [c.label for c in baseline_diff.variables] if baseline_diff else []
-        pm = _prefix_metrics(ev)
-        if baseline_diff is not None and others == ["--enable-prefix-caching"]:
-            results["prefix_caching"] = ("pass", text(lang, "ck9_pass_diff"))
-        elif baseline_diff is not None and "--enable-prefix-caching" in others:
-            results["prefix_caching"] = ("fail", text(lang, "ck9_fail_mixed",
-                                                      names=", ".join(others)))
-        elif pm is not None:
-            results["prefix_caching"] = ("pass", text(lang, "ck9_pass_metrics",
-                                                      queries=int(pm[0]), hits=int(pm[1])))
-        else:
-            results["prefix_caching"] = ("fail", text(lang, "ck9_fail_nobase"))
-    else:
-        how = "--no-enable-prefix-caching" if pc is False else "no --enable-prefix-caching"
-        results["prefix_caching"] = ("unknown", text(lang, "ck9_unknown_off", how=how))
+    # 9. prefix caching verified separately and explicitly (judged on what the engine ran
+    # with: vLLM's V1 engine turns it on by default)
+    results["prefix_caching"] = _prefix_item(ev, cmd, baseline_diff, lang)
 
     # 10. limits written: this document has the section
     results["repro_limits"] = ("pass", text(lang, "ck10_pass"))
@@ -669,6 +678,37 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
         status, why = results[key]
         items.append(ChecklistItem(key, ko if lang == "ko" else en, status, why))
     return tuple(items)
+
+
+def _prefix_item(ev: Evidence, cmd: Any, d: DiffResult | None,
+                 lang: Lang) -> tuple[Status, str]:
+    pc = cmd.flags.get("enable-prefix-caching") if cmd is not None else None
+    eng = ev.engine_config
+    eff = eng.enable_prefix_caching if eng is not None else None
+    line = eng.lines.get("enable_prefix_caching") if eng is not None else None
+    on = eff if eff is not None else (True if pc is True else None)
+    pm = _prefix_metrics(ev)
+    others = [c.label for c in d.variables] if d else []
+    if on is True:
+        if d is not None and others == ["--enable-prefix-caching"]:
+            return "pass", text(lang, "ck9_pass_diff")
+        if d is not None and "--enable-prefix-caching" in others:
+            return "fail", text(lang, "ck9_fail_mixed", names=", ".join(others))
+        if pc is not True:
+            # On by default: not chosen in this round, so not yet verified on its own.
+            how = text(lang, "ck9_engine_line", line=line if line is not None else "?")
+            if pm is not None:
+                return "pass", text(lang, "ck9_pass_default_metrics", how=how,
+                                    queries=int(pm[0]), hits=int(pm[1]))
+            return "unknown", text(lang, "ck9_default_on", how=how)
+        if pm is not None:
+            return "pass", text(lang, "ck9_pass_metrics", queries=int(pm[0]), hits=int(pm[1]))
+        return "fail", text(lang, "ck9_fail_nobase")
+    if on is False:
+        how = (text(lang, "ck9_engine_off", line=line) if line is not None else
+               "--no-enable-prefix-caching")
+        return "unknown", text(lang, "ck9_unknown_off", how=how)
+    return "unknown", text(lang, "ck9_unknown_no_engine")
 
 
 def _checklist(items: Sequence[ChecklistItem], lang: Lang) -> list[Block]:
@@ -733,7 +773,7 @@ def build_report(ev: Evidence, baseline: Evidence | None = None, *, lang: Lang =
                                                                "text"),)),
                    Heading(text(lang, "gh_bug"), 3)]
         blocks += _summary(ev, lang)
-        blocks += _command(ev, lang)
+        blocks += _command(ev, lang, _round_flags(d))
         blocks += [Para(text(lang, "gh_expected"))]
         blocks += _request(ev, lang)
         blocks += [Details(text(lang, "gh_logs"), tuple(_failure(ev, lang)))]
@@ -746,7 +786,7 @@ def build_report(ev: Evidence, baseline: Evidence | None = None, *, lang: Lang =
     else:
         blocks += [Heading(text(lang, "h_summary")), *_summary(ev, lang)]
         blocks += [Heading(text(lang, "h_fingerprint")), fp_table]
-        blocks += [Heading(text(lang, "h_command")), *_command(ev, lang)]
+        blocks += [Heading(text(lang, "h_command")), *_command(ev, lang, _round_flags(d))]
         blocks += [Heading(text(lang, "h_request")), *_request(ev, lang)]
         blocks += [Heading(text(lang, "h_failure")), *_failure(ev, lang)]
         blocks += [Heading(text(lang, "h_timeline")), *_timeline(ev, lang)]

@@ -1,0 +1,71 @@
+"""Judgements the evidence supports (issue 10), on real vLLM 0.32 CPU logs.
+
+``ok_baseline`` (no prefix flag) and ``ok_prefix_caching`` (``--enable-prefix-caching``) are
+real captures (tests/data/realruns, see its README): vLLM's V1 engine reports
+``enable_prefix_caching=True`` in both, so adding the flag changed nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from pathlib import Path
+
+from _handoff_fixtures import BASE_ARGV, CPU_FINGERPRINT, fixed_request, launch
+
+from kk3evidence.analysis.engine import analyze
+from kk3evidence.handoff.diff import diff
+from kk3evidence.handoff.evidence import Evidence, from_dicts
+from kk3evidence.handoff.records import Fingerprint, Launch, Notes, Request
+from kk3evidence.handoff.report.markdown import evaluate_checklist, render_report
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "realruns"
+
+
+def real_run(case: str, name: str | None = None) -> Evidence:
+    argv = shlex.split((REAL / case / "command.txt").read_text().strip())
+    log = (REAL / case / "output.log").read_text(errors="replace").splitlines()
+    analysis = analyze(REAL / case / "output.log").to_json()
+    return from_dicts(name or case, fingerprint=copy.deepcopy(CPU_FINGERPRINT),
+                      launch=launch(argv), analysis=analysis, requests=[fixed_request()],
+                      log_lines=log)
+
+
+def test_adding_the_default_prefix_flag_is_not_a_change() -> None:
+    result = diff(real_run("ok_baseline"), real_run("ok_prefix_caching"))
+    assert "--enable-prefix-caching" not in [c.label for c in result.variables]
+    assert any("enable_prefix_caching=True in both runs" in e for e in result.equivalences)
+    assert result.verdict == "none"
+
+
+def test_report_says_prefix_caching_is_on_by_default() -> None:
+    ev = real_run("ok_baseline")
+    items = {i.key: i for i in evaluate_checklist(ev)}
+    item = items["prefix_caching"]
+    assert item.status == "unknown"
+    assert "on by default" in item.why and "line 17" in item.why
+    assert "not enabled" not in render_report(ev)
+
+
+def test_served_model_name_is_not_a_feature_flag() -> None:
+    ev = real_run("ok_baseline")
+    assert "--served-model-name" in ev.argv
+    items = {i.key: i for i in evaluate_checklist(ev)}
+    assert items["minimal_command"].status == "pass", items["minimal_command"].why
+
+
+def test_records_keep_unknown_as_none_for_a_0_1_bundle() -> None:
+    # 0.1 bundles and partial members: nothing becomes 0, False or ""
+    fp = Fingerprint.from_json({"host": {"hostname": "h"}, "gpus": {"devices": "bad"}})
+    assert fp.host.cpu_count is None and fp.gpus.count is None and fp.gpus.devices == ()
+    assert fp.python.cuda_device_count is None and not fp.python.cpu_build
+    lau = Launch.from_json({"argv": ["vllm", "serve", "m"], "exit_code": True})
+    assert lau.exit_code is None and lau.argv == ("vllm", "serve", "m")
+    assert lau.ready_seconds is None and lau.api_port is None
+    notes = Notes.from_json({"notes": ["x"], "cluster": {"text": "shared node"}})
+    assert notes.texts == ("x", "shared node") and notes.changes == ()
+    assert Notes.from_json(None).cluster is None
+    req = Request.from_json({"name": "fixed-1", "kind": "fixed", "status": None,
+                             "request_body": {"max_tokens": 8}})
+    assert req.status is None and req.body["max_tokens"] == 8 and req.cached_tokens is None
+    assert Launch.from_json(BASE_ARGV) == Launch()  # not a mapping: empty, not a crash
