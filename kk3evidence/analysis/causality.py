@@ -114,6 +114,32 @@ def _exc_text(body: str) -> str:
     return body.strip()
 
 
+#: lines between an exception line and its detail line for the detail to count as its reason
+_DETAIL_SPAN = 3
+
+
+def _specific_over_wrapper(hits: Sequence[Classified], notes: list[str]) -> list[Classified]:
+    """A generic exception line (``pydantic ValidationError: 1 validation error for X``) whose
+    own detail line right below matched a specific rule of the same category (``max_model_len
+    … greater than the derived max_model_len``): the specific rule is the headline, the wrapper
+    only carries it."""
+    out: list[Classified] = []
+    for i, h in enumerate(hits):
+        ln = h.line
+        nxt = hits[i + 1] if i + 1 < len(hits) else None
+        if (nxt is not None and ln.tb_role == "exception" and nxt.line.tb_role == "detail"
+                and ln.tb_chain is not None and nxt.line.tb_chain == ln.tb_chain
+                and nxt.line.tb_index == ln.tb_index and h.rule.kind == "failure"
+                and nxt.rule.kind == "failure" and nxt.rule.id != h.rule.id
+                and nxt.rule.category == h.rule.category and not nxt.rule.fallback
+                and 0 < nxt.line.line_no - ln.line_no <= _DETAIL_SPAN):
+            notes.append(f"line {ln.line_no} ({h.rule.id}) is the generic wrapper of the "
+                         f"specific failure on line {nxt.line.line_no} ({nxt.rule.id})")
+            continue
+        out.append(h)
+    return out
+
+
 def resolve(
     hits: Sequence[Classified],
     evidence: dict[str, StageEvidence],
@@ -132,6 +158,7 @@ def resolve(
     in progress belongs to it, see :func:`_failure_stage`)."""
     links = chain_links or {}
     notes: list[str] = []
+    hits = _specific_over_wrapper(hits, notes)
     # Drop fallback exceptions that a "During handling…" chain superseded (the outer one is what
     # propagated), keeping those that are the direct cause of the next one.
     kept: list[Classified] = []

@@ -39,6 +39,21 @@ def spec_json(a: Analysis) -> dict[str, Any]:
     return a.to_json()
 
 
+def _engine_numbers(a: Analysis) -> list[str]:
+    """What vLLM itself reported that a next step asks for, in full."""
+    cfg = a.engine_config or {}
+    lines = cfg.get("lines") or {}
+    out = []
+    for key, label in (("estimated_max_model_len", "estimated maximum model length"),
+                       ("max_model_len", "max model length the engine ran with"),
+                       ("kv_cache_tokens", "KV cache tokens"),
+                       ("max_concurrency", "maximum concurrency"),
+                       ("enable_prefix_caching", "prefix caching (engine config)")):
+        if cfg.get(key) is not None:
+            out.append(f"  {label}: {cfg[key]} (line {lines.get(key, '?')})")
+    return ["", "Engine reported:", *out] if out else []
+
+
 def render_text(a: Analysis) -> str:
     out: list[str] = [f"{a.source}: {a.lines_total} lines"]
     out.append("")
@@ -63,7 +78,9 @@ def render_text(a: Analysis) -> str:
         out.append(f"  process: {ff.process}")
     width = len(str(max(n for n, _t, _c in _context_lines(a, ff))))
     for n, t, cur in _context_lines(a, ff):
-        out.append(f"  {'>' if cur else ' '} {n:>{width}} | {_clip(t)}")
+        # The first causal line is never cut: its numbers are what the next steps ask for.
+        out.append(f"  {'>' if cur else ' '} {n:>{width}} | {t if cur else _clip(t)}")
+    out += _engine_numbers(a)
     if info.get("summary"):
         out += ["", f"What: {info['summary']}"]
     if info.get("why"):

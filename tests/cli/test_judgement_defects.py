@@ -47,3 +47,21 @@ def test_capture_refuses_to_overwrite_a_bundle(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert "already exists" in res.output and "--force" in res.output
     assert out.read_bytes() == b"earlier evidence"
+
+
+def test_a_specific_rule_beats_the_generic_pydantic_wrapper() -> None:
+    # real vLLM 0.32: "ValidationError: 1 validation error for ModelConfig" on line 52, the
+    # specific "User-specified max_model_len (1000000) is greater than ..." on line 53
+    result = analyze(REAL / "fail_max_model_len_too_large" / "output.log")
+    assert result.first_failure is not None
+    assert result.first_failure.line_no == 53
+    assert "max_model_len (1000000)" in result.first_failure.text
+    assert any("generic wrapper" in n for n in result.extra.get("notes", []))
+
+
+def test_the_estimated_maximum_model_length_is_shown_in_full() -> None:
+    res = CliRunner().invoke(main, ["analyze", str(REAL / "fail_kv_cache_too_small" /
+                                                    "output.log")])
+    assert res.exit_code == 3
+    assert "the estimated maximum model length is 896. Try increasing" in res.output
+    assert "estimated maximum model length: 896 (line 74)" in res.output
