@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kk3evidence.errors import InputError, UsageError
-from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec
+from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec, step_variables
 
 __all__ = [
     "LADDER_STATE_SCHEMA",
@@ -167,7 +167,20 @@ def parse_plan(data: bytes | str, source: str = "plan") -> Plan:
                 kind=s.get("kind", "argv" if i else "baseline"),
             )
         )
+    _one_variable_each(steps, source)
     return Plan(tuple(steps), dict(doc.get("plan") or {}), hashlib.sha256(raw).hexdigest(), source)
+
+
+def _one_variable_each(steps: Sequence[PlanStep], source: str) -> None:
+    """Refuse a step that changes more than one variable against the step before it (the
+    seed's rule; a hand-edited plan is checked like a generated one, --dry-run included)."""
+    for prev, step in zip(steps, steps[1:], strict=False):
+        changed = step_variables(prev, step)
+        if len(changed) > 1:
+            raise InputError(
+                f"{source}: $.step[{step.id}] ({step.variable}) changes {len(changed)} variables "
+                f"against step {prev.id}: {', '.join(changed)}; split it into one step per "
+                "variable")
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
