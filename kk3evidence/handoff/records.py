@@ -227,12 +227,17 @@ class Launch:
     served_model: str | None = None
     stages_reached: tuple[str, ...] = ()
     interrupted_by: str | None = None
+    #: another process that listened on the API port before launch ("port P held by pid N: …")
+    port_holder: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_json(cls, data: object) -> Launch:
         d = _obj(data)
         api = _obj(d.get("api"))
+        ph = _obj(d.get("port_holder"))
+        holder = (f"port {ph.get('port')} held by pid {ph.get('pid')}: {ph.get('cmdline')}"
+                  if ph else None)
         return cls(
             argv=tuple(str(a) for a in _list(d.get("argv"))),
             cwd=_str(d.get("cwd")), pid=_int(d.get("pid")),
@@ -242,7 +247,7 @@ class Launch:
             api_host=_str(api.get("host")), api_port=_int(api.get("port")),
             base_url=_str(api.get("base_url")), served_model=_str(d.get("served_model")),
             stages_reached=tuple(str(s) for s in _list(d.get("stages_reached"))),
-            interrupted_by=_str(d.get("interrupted_by")), raw=dict(d),
+            interrupted_by=_str(d.get("interrupted_by")), port_holder=holder, raw=dict(d),
         )
 
 

@@ -69,3 +69,18 @@ def test_records_keep_unknown_as_none_for_a_0_1_bundle() -> None:
                              "request_body": {"max_tokens": 8}})
     assert req.status is None and req.body["max_tokens"] == 8 and req.cached_tokens is None
     assert Launch.from_json(BASE_ARGV) == Launch()  # not a mapping: empty, not a crash
+
+
+CAPTURES = Path(__file__).resolve().parents[1] / "data" / "realcaptures"
+
+
+def test_real_stale_server_capture_reads_as_a_port_held_by_another_server() -> None:
+    from kk3evidence.handoff.evidence import load
+
+    ev = load(CAPTURES / "stale_server_port_held.tar")
+    assert ev.launch.port_holder is not None
+    assert "--served-model-name old" in ev.launch.port_holder
+    assert ev.requests == ()
+    assert ev.first_failure is not None and ev.first_failure["category"] == "port"
+    md = render_report(ev)
+    assert "Before launch, port" in md and "No request was sent to that server" in md

@@ -418,6 +418,12 @@ _CATALOG: dict[str, tuple[str, str]] = {
         "로그에 엔진 설정 줄이 없어 prefix caching이 켜졌는지 알 수 없습니다 (플래그만으로는 "
         "정해지지 않습니다)",
     ),
+    "sum_port_holder": (
+        "Before launch, {holder}. No request was sent to that server; the command ran and "
+        "reported its own failure.",
+        "실행 전에 이미 {holder} (포트 점유). 그 서버에는 요청을 보내지 않았고, 명령은 실행되어 "
+        "스스로 실패를 보고했습니다.",
+    ),
     "ck10_pass": (
         "this report has a 'Reproducibility limits' section",
         "이 문서에 '재현성의 한계' 절이 있습니다",

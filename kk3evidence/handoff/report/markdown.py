@@ -192,6 +192,8 @@ def _summary(ev: Evidence, lang: Lang) -> list[Block]:
                                  status=req.status)))
         else:
             out.append(Para(text(lang, "sum_ok_noreq", last=last)))
+    if ev.launch.port_holder:
+        out.append(Para(text(lang, "sum_port_holder", holder=ev.launch.port_holder)))
     code = ev.launch.exit_code
     extra = text(lang, "sum_exit", code=code) if code is not None else ""
     out.append(Para(f"{text(lang, 'sum_model', model=_model_name(ev), bundle=ev.label)} {extra}"
