@@ -11,9 +11,9 @@ from kk3evidence.capture.vllm_env import installed_arg_table
 from kk3evidence.errors import InputError, UsageError
 from kk3evidence.handoff.minimize import (
     PlanOptions,
-    model_context,
     build_plan,
     minimize,
+    model_context,
     plan_to_toml,
 )
 from kk3evidence.vllm_args import ArgTable, load_arg_table, render_shell

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -31,11 +32,12 @@ import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kk3evidence.capture.ladder.fit import Fit, count_tokens, fit_prompt
 from kk3evidence.errors import InputError, UsageError
 from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec, step_variables
 
@@ -174,7 +176,7 @@ def parse_plan(data: bytes | str, source: str = "plan") -> Plan:
 def _one_variable_each(steps: Sequence[PlanStep], source: str) -> None:
     """Refuse a step that changes more than one variable against the step before it (the
     seed's rule; a hand-edited plan is checked like a generated one, --dry-run included)."""
-    for prev, step in zip(steps, steps[1:], strict=False):
+    for prev, step in itertools.pairwise(steps):
         changed = step_variables(prev, step)
         if len(changed) > 1:
             raise InputError(
@@ -789,6 +791,9 @@ class CaptureRunner:
 
         spec = step.request
         body = request_body(spec, served)
+        fitted = None
+        if spec.input_tokens:
+            body, fitted = self._fit(step, target, headers, served)
         url = target.base_url + "/v1/chat/completions"
         folder = self.out_dir / f"step-{step.id:02d}" / "requests"
         folder.mkdir(parents=True, exist_ok=True)
@@ -815,6 +820,9 @@ class CaptureRunner:
                 else:
                     with ThreadPoolExecutor(max_workers=min(spec.concurrency, 512)) as pool:
                         records.extend(pool.map(one, range(1, spec.concurrency + 1)))
+        if fitted is not None:
+            (folder / "fit.json").write_text(json.dumps(fitted.to_json()), encoding="utf-8")
+            self.progress.say(f"step {step.id}: {fitted.note}")
         for rec in records:
             slim = dict(rec)
             if isinstance(slim.get("request_body"), dict) and spec.input_tokens:
@@ -824,6 +832,19 @@ class CaptureRunner:
                 json.dumps(slim, ensure_ascii=False, indent=1), encoding="utf-8"
             )
         return records
+
+    def _fit(self, step: PlanStep, target: Any, headers: Mapping[str, str],
+             served: str | None) -> tuple[dict[str, Any], Fit]:
+        """The step's long prompt, counted with the server's /tokenize and trimmed to fit."""
+        import httpx
+
+        spec = step.request
+        with httpx.Client(timeout=30.0, trust_env=False) as client:
+            return fit_prompt(
+                spec.input_tokens,
+                lambda n: request_body(replace(spec, input_tokens=n), served),
+                lambda body: count_tokens(client, target.base_url, headers, body),
+                max_tokens=spec.max_tokens, context=None, variable=step.variable)
 
     def _stop_server(self, group: _GroupRun) -> None:
         if group.finished.is_set():
