@@ -39,7 +39,7 @@ def test_fit_trims_words_until_input_and_output_fit() -> None:
     def make(n: int) -> dict[str, Any]:
         return {"messages": [{"role": "user", "content": " ".join(["w"] * n)}]}
 
-    body, fit = fit_prompt(500, make, counter, max_tokens=128, context=None,
+    _body, fit = fit_prompt(500, make, counter, max_tokens=128, context=None,
                            variable="input_tokens")
     assert fit.tokens is not None and fit.tokens + 128 <= 512
     assert fit.words < 500 and "trimmed" in fit.note
@@ -63,7 +63,7 @@ def test_a_long_step_fits_a_small_context_on_a_real_server(tmp_path: Path) -> No
     out = tmp_path / "run"
     result = run_ladder(load_plan(plan), out, progress=Progress(enabled=False))
     assert [r.outcome.requests for r in result.records] == [("HTTP 2xx",), ("HTTP 2xx",)]
-    fit = json.loads((out / "step-01" / "requests" / "fit.json").read_text())
+    fit = json.loads((out / "step-01" / "fit.json").read_text())
     assert fit["context"] == 64 and fit["tokens"] + 4 <= 64 and fit["words"] < 200
 
 

@@ -821,7 +821,7 @@ class CaptureRunner:
                     with ThreadPoolExecutor(max_workers=min(spec.concurrency, 512)) as pool:
                         records.extend(pool.map(one, range(1, spec.concurrency + 1)))
         if fitted is not None:
-            (folder / "fit.json").write_text(json.dumps(fitted.to_json()), encoding="utf-8")
+            (folder.parent / "fit.json").write_text(json.dumps(fitted.to_json()), encoding="utf-8")
             self.progress.say(f"step {step.id}: {fitted.note}")
         for rec in records:
             slim = dict(rec)
