@@ -1032,7 +1032,11 @@ def _prefix_probe(
         enabled = None if v is None else bool(v)
     else:
         enabled = None
-    snaps: list[str | None] = [before]
+    # The first delta starts now, after the fixed request: a snapshot from before it would count
+    # the fixed request's prompt in the probe's first request.
+    start, merr = probe.fetch_metrics(client, target, auth)
+    _save_metrics(run, writer, "before-prefix-1", start, merr)
+    snaps: list[str | None] = [start if start is not None else before]
     recs: list[dict[str, Any]] = []
     for i in (1, 2):
         name = f"prefix-{i}"
