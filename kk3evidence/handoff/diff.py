@@ -19,6 +19,7 @@ anywhere.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -510,7 +511,9 @@ def request_signature(ev: Evidence) -> dict[str, Any]:
         "max_tokens": body.get("max_tokens", body.get("max_completion_tokens")),
         "temperature": body.get("temperature"),
         "concurrency": _concurrency(ev),
-        "requests": sorted(f"{r.kind}:{r.name}" for r in ev.requests),
+        # capture's own probes (--prefix-probe) are measurements, not the operator's request
+        "requests": sorted(f"{r.kind}:{r.name}" for r in ev.requests
+                           if r.kind != "prefix_probe"),
     }
     known = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature"}
     for k in sorted(body):
@@ -529,8 +532,21 @@ _REQUEST_LABELS = {
 }
 
 
+_LADDER_SHARED = re.compile(r"^shared with ladder step (\d+) \(([^)]*)\)")
+
+
+def _ladder_request_steps(ev: Evidence) -> list[str]:
+    """Request-only ladder steps that ran on this bundle's (reused) server, from its notes."""
+    return [f"{m.group(1)} ({m.group(2)})" for n in ev.notes.notes
+            if (m := _LADDER_SHARED.match(n))]
+
+
 def _diff_request(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored]) -> None:
     sa, sb = request_signature(a), request_signature(b)
+    # A ladder step after request-only steps on A's reused server starts from their request:
+    # that difference was those steps' variable, not this one's.
+    shared = _ladder_request_steps(a)
+    reused = (f"ladder request step(s) {', '.join(shared)} on A's server" if shared else None)
     if bool(sa) != bool(sb):
         # A server that never became ready sends nothing: that is the outcome, not a change
         # of the request (the outcome group shows it).
@@ -551,7 +567,8 @@ def _diff_request(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored
             detail = f"input length {la} -> {lb} characters"
             va, vb = _short(va), _short(vb)
         label = _REQUEST_LABELS.get(key, f"request {key}")
-        out.append(Change(f"request:{key}", "request", va, vb, label, detail=detail))
+        out.append(Change(f"request:{key}", "request", va, vb, label, detail=detail,
+                          explained_by=reused))
 
 
 def _short(v: Any, n: int = 60) -> Any:

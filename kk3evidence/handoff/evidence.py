@@ -18,7 +18,7 @@ from typing import Any
 
 from kk3evidence.analysis.engine_config import EngineConfig
 from kk3evidence.errors import BundleError, InputError
-from kk3evidence.handoff.records import Fingerprint, Launch, Notes, Request
+from kk3evidence.handoff.records import Fingerprint, Launch, Notes, PrefixProbe, Request
 
 __all__ = [
     "Evidence", "Fingerprint", "Launch", "LogLine", "Notes", "Request", "coerce", "from_dicts",
@@ -51,6 +51,7 @@ class Evidence:
     log_window: tuple[LogLine, ...] = ()
     log_tail: tuple[LogLine, ...] = ()
     line_times: Mapping[int, float] = field(default_factory=dict)  # line_no -> wall seconds
+    prefix_probe: PrefixProbe | None = None  # probes/prefix_probe.json, when captured
 
     @property
     def label(self) -> str:
@@ -199,7 +200,19 @@ def load(path: str | Path) -> Evidence:
             log_window=window,
             log_tail=tail,
             line_times=_line_times(bundle),
+            prefix_probe=_prefix_probe(bundle),
         )
+
+
+def _prefix_probe(bundle: Any) -> PrefixProbe | None:
+    import json
+
+    if not bundle.has("probes/prefix_probe.json"):
+        return None
+    try:
+        return PrefixProbe.from_json(json.loads(bundle.read_bytes("probes/prefix_probe.json")))
+    except (ValueError, KeyError, BundleError, InputError):
+        return None
 
 
 def _analyze(bundle: Any, source: str) -> dict[str, Any] | None:

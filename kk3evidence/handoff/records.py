@@ -341,3 +341,35 @@ class Request:
     def get(self, key: str, default: Any = None) -> Any:
         """The raw member's value (fields that have no record field, e.g. a probe's extras)."""
         return self.raw.get(key, default)
+
+
+# --- probes/prefix_probe.json --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCheck:
+    id: str
+    status: str  # pass | fail | unknown
+    evidence: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixProbe:
+    """Capture's prefix-cache probe: the same long prompt twice and the four checks."""
+
+    enabled: bool | None = None  # what the server reported (cache_config_info), else argv
+    checks: tuple[PrefixCheck, ...] = ()
+
+    def status(self, check_id: str) -> str | None:
+        return next((c.status for c in self.checks if c.id == check_id), None)
+
+    @classmethod
+    def from_json(cls, data: object) -> PrefixProbe | None:
+        d = _obj(data)
+        if not d:
+            return None
+        enabled = d.get("prefix_caching_enabled")
+        checks = tuple(PrefixCheck(str(c.get("id")), str(c.get("status")),
+                                   _text(c.get("evidence")))
+                       for c in _list(d.get("checks")) if isinstance(c, Mapping))
+        return cls(enabled if isinstance(enabled, bool) else None, checks)

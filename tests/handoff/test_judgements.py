@@ -84,3 +84,53 @@ def test_real_stale_server_capture_reads_as_a_port_held_by_another_server() -> N
     assert ev.first_failure is not None and ev.first_failure["category"] == "port"
     md = render_report(ev)
     assert "Before launch, port" in md and "No request was sent to that server" in md
+
+
+def _probe_request(name: str) -> dict[str, object]:
+    req = fixed_request()
+    return {**req, "name": name, "kind": "prefix_probe"}
+
+
+def test_prefix_probe_requests_are_not_a_changed_variable() -> None:
+    a = real_run("ok_baseline", "a")
+    b = real_run("ok_baseline", "b")
+    b = from_dicts("b", fingerprint=b.fingerprint, launch=b.launch, notes=b.notes,
+                   analysis=b.analysis, requests=[*b.requests, _probe_request("prefix-1"),
+                                                  _probe_request("prefix-2")])
+    assert diff(a, b).verdict == "none"
+
+
+def test_request_steps_on_a_reused_server_are_not_counted_in_the_next_step() -> None:
+    # ladder step 0's bundle ran step 1 (a request-only step) on the same server; step 2's
+    # bundle starts from step 1's request: that request difference is step 1's variable
+    notes = {"notes": ["kk3evidence ladder step 0/2: baseline", "shared with ladder step 1 "
+                       "(input_tokens)"], "changes": [], "cluster": None}
+    a = real_run("ok_baseline", "a")
+    a = from_dicts("a", fingerprint=a.fingerprint, launch=a.launch, notes=notes,
+                   analysis=a.analysis, requests=a.requests)
+    b0 = real_run("ok_prefix_caching", "b")
+    longer = {**fixed_request(), "request_body": {**fixed_request()["request_body"],
+                                                  "messages": [{"role": "user",
+                                                                "content": "w " * 300}]}}
+    b = from_dicts("b", fingerprint=b0.fingerprint, launch=b0.launch, notes=b0.notes,
+                   analysis=b0.analysis, requests=[longer])
+    result = diff(a, b)
+    assert [c.label for c in result.variables] == []
+    assert any(c.explained_by and "ladder request step(s) 1 (input_tokens)" in c.explained_by
+               for c in result.changes)
+
+
+def test_the_prefix_probe_checks_judge_the_prefix_item() -> None:
+    from dataclasses import replace
+
+    from kk3evidence.handoff.records import PrefixProbe
+
+    ev = real_run("ok_prefix_caching")
+    probe = PrefixProbe.from_json({"prefix_caching_enabled": True, "checks": [
+        {"id": "second_request_hits_cache", "status": "pass", "evidence": "hits grew by 256"},
+        {"id": "inputs_identical", "status": "pass"},
+        {"id": "no_memory_error_after_enable", "status": "pass"},
+        {"id": "request_ok_with_cache", "status": "pass"}]})
+    items = {i.key: i for i in evaluate_checklist(replace(ev, prefix_probe=probe))}
+    assert items["prefix_caching"].status == "pass"
+    assert "4 prefix checks" in items["prefix_caching"].why

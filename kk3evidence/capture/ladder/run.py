@@ -185,6 +185,9 @@ def _one_variable_each(steps: Sequence[PlanStep], source: str) -> None:
                 "variable")
 
 
+#: plan variables whose bundle must carry capture's prefix-cache probe and its four checks
+PREFIX_VARIABLES = frozenset({"prefix-caching", "prefix-probe"})
+
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -615,6 +618,8 @@ class CaptureRunner:
             ),
             changes=tuple(changes),
             probe=True,
+            # the prefix steps record the four prefix checks (probes/prefix_probe.json)
+            prefix_probe=any(s.variable in PREFIX_VARIABLES for s in steps),
             ready_timeout=self.ready_timeout,
             request_file=request_file,
             repeat=max(1, capture_requests),

@@ -424,6 +424,16 @@ _CATALOG: dict[str, tuple[str, str]] = {
         "실행 전에 이미 {holder} (포트 점유). 그 서버에는 요청을 보내지 않았고, 명령은 실행되어 "
         "스스로 실패를 보고했습니다.",
     ),
+    "ck9_probe_pass": (
+        "the prefix probe sent the same long prompt twice: the second hit the cache "
+        "({n} prefix checks recorded, none failed)",
+        "prefix probe가 같은 긴 프롬프트를 두 번 보냈고 두 번째가 캐시에 적중했습니다 "
+        "(prefix 점검 {n}개 기록, 실패 없음)",
+    ),
+    "ck9_probe_fail": (
+        "the prefix probe's checks failed: {checks}",
+        "prefix probe 점검이 실패했습니다: {checks}",
+    ),
     "ck10_pass": (
         "this report has a 'Reproducibility limits' section",
         "이 문서에 '재현성의 한계' 절이 있습니다",

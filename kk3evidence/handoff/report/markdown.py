@@ -691,6 +691,14 @@ def _prefix_item(ev: Evidence, cmd: Any, d: DiffResult | None,
     on = eff if eff is not None else (True if pc is True else None)
     pm = _prefix_metrics(ev)
     others = [c.label for c in d.variables] if d else []
+    probe = ev.prefix_probe
+    if probe is not None and on is not False:
+        # capture's probe ran the same long prompt twice: its four checks are the evidence
+        failed = [c.id for c in probe.checks if c.status == "fail"]
+        if failed:
+            return "fail", text(lang, "ck9_probe_fail", checks=", ".join(failed))
+        if probe.status("second_request_hits_cache") == "pass":
+            return "pass", text(lang, "ck9_probe_pass", n=len(probe.checks))
     if on is True:
         if d is not None and others == ["--enable-prefix-caching"]:
             return "pass", text(lang, "ck9_pass_diff")
