@@ -218,6 +218,10 @@ def minimize(
     kept = tuple(c for c in classified if c.cls == "needed")
     removed = tuple(c for c in classified if c.cls != "needed")
     minimal = cmd.replace(drop=[c.name for c in removed])
+    if table.spec(PREFIX_FLAG) is not None:
+        # vLLM's V1 engine turns prefix caching on by default: a baseline without the cache
+        # must say so, or its "without cache" requests run with the cache on.
+        minimal = minimal.replace(set_flags={PREFIX_FLAG: False})
     minimal = ServeCommand(
         program=minimal.program,
         model=minimal.model,
@@ -397,6 +401,8 @@ def model_context(model: str | None) -> int | None:
     return None
 
 
+PREFIX_FLAG = "enable-prefix-caching"
+
 #: request fields that are one variable together (a prefix probe is "the same prompt twice")
 _REQUEST_VARIABLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("input", ("prompt", "input_tokens", "repeat")),
@@ -477,7 +483,9 @@ def build_plan(
     env = {k: f"${{{k}}}" if _secret_env(k) else v for k, v in mini.source.env.items()}
 
     def argv_now() -> tuple[str, ...]:
-        flags = {n: _secret_ref(n, current[n]) for n in order if n in current}
+        # production order, then flags only the minimal command has (--no-enable-prefix-caching)
+        names = [n for n in order if n in current] + [n for n in current if n not in order]
+        flags = {n: _secret_ref(n, current[n]) for n in names}
         cmd = ServeCommand(
             program=mini.source.program, model=mini.source.model, flags=flags, table=table
         )
@@ -519,7 +527,8 @@ def build_plan(
 
     # 1. prefix caching: first the same long prompt twice without the cache (a request-only
     #    step on the baseline server), then the flag alone with that same request
-    if "prefix-caching" in by_var:
+    default_on = current.get(PREFIX_FLAG) is False and src.get(PREFIX_FLAG) is None
+    if "prefix-caching" in by_var or default_on:
         probe = max(2 * block + 16, opts.prefix_probe_tokens)
         if ctx:
             probe = max(block + 8, min(probe, ctx - req.max_tokens - PROMPT_MARGIN))
@@ -532,12 +541,14 @@ def build_plan(
             "the prefix-cache probe without the cache: the request the next step repeats with "
             "caching on (the guide: does a request that worked without the cache fail with it?)",
         )
-        restore(
-            "prefix-caching",
-            "the guide: prefix caching is never in the first baseline; add "
-            "--enable-prefix-caching alone with the same prompt (longer than one KV block) sent "
-            "twice; compare both logs and whether the second request hits the cache",
-        )
+        why = ("the guide: prefix caching is never in the first baseline; add "
+               "--enable-prefix-caching alone with the same prompt (longer than one KV block) "
+               "sent twice; compare both logs and whether the second request hits the cache")
+        if not restore("prefix-caching", why):
+            # production gives no flag: it runs with vLLM's default, on for the V1 engine
+            current.pop(PREFIX_FLAG, None)
+            add("prefix-caching", "argv", "--no-enable-prefix-caching",
+                "absent (vLLM's default: on for the V1 engine)", why)
 
     # 2. context length (the server side of a longer input)
     restore("context-length")
