@@ -39,14 +39,19 @@ def test_fit_trims_words_until_input_and_output_fit() -> None:
     def make(n: int) -> dict[str, Any]:
         return {"messages": [{"role": "user", "content": " ".join(["w"] * n)}]}
 
-    _body, fit = fit_prompt(500, make, counter, max_tokens=128, context=None,
-                           variable="input_tokens")
+    # planned to fit (370 words + 128 <= 512), but the template makes it 400 tokens
+    _body, fit = fit_prompt(370, make, counter, max_tokens=128, context=None,
+                            variable="input_tokens")
     assert fit.tokens is not None and fit.tokens + 128 <= 512
-    assert fit.words < 500 and "trimmed" in fit.note
+    assert fit.words < 370 and "trimmed" in fit.note
     # the context step sends the request as planned: the context is its variable
-    _, same = fit_prompt(500, make, counter, max_tokens=128, context=None,
+    _, same = fit_prompt(370, make, counter, max_tokens=128, context=None,
                          variable="context-length")
-    assert same.words == 500
+    assert same.words == 370
+    # a hand-written step planned beyond the context (its point) is sent as planned
+    _, beyond = fit_prompt(600, make, counter, max_tokens=16, context=None,
+                           variable="input_tokens")
+    assert beyond.words == 600 and "planned beyond" in beyond.note
     # no /tokenize: sent as planned, and said so
     _, blind = fit_prompt(50, make, lambda b: (None, None), max_tokens=128, context=None,
                           variable="input_tokens")
@@ -59,12 +64,13 @@ def test_a_long_step_fits_a_small_context_on_a_real_server(tmp_path: Path) -> No
               "--max-model-len", "64", "--enforce-context"]
     plan = _plan(tmp_path / "plan.toml",
                  _step(0, "baseline", server, "baseline", max_tokens=4),
-                 _step(1, "input_tokens", server, "request", max_tokens=4, input_tokens=200))
+                 _step(1, "input_tokens", server, "request", max_tokens=4, input_tokens=55))
     out = tmp_path / "run"
     result = run_ladder(load_plan(plan), out, progress=Progress(enabled=False))
     assert [r.outcome.requests for r in result.records] == [("HTTP 2xx",), ("HTTP 2xx",)]
     fit = json.loads((out / "step-01" / "fit.json").read_text())
-    assert fit["context"] == 64 and fit["tokens"] + 4 <= 64 and fit["words"] < 200
+    # 55 words + 4 fit the 64-token context on paper; the template's 10 tokens do not
+    assert fit["context"] == 64 and fit["tokens"] + 4 <= 64 and fit["words"] < 55
 
 
 def test_a_step_changing_two_variables_is_refused_also_in_dry_run(tmp_path: Path) -> None:

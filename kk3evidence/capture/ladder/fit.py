@@ -3,9 +3,11 @@
 The plan sizes prompts in words (about one token each); the server's tokenizer and chat
 template decide the real count. Before a step sends a long prompt, ``POST /tokenize`` on the
 running vLLM server counts it (and reports the server's ``max_model_len``); when the prompt plus
-``max_tokens`` would not fit, words are taken off until it does, so a step never fails on a
-request the plan itself made too long. The ``context-length`` step is the exception: the
-context is its variable, so its request is sent as planned.
+``max_tokens`` would not fit although the plan sized it to fit (words + ``max_tokens`` within
+the context), words are taken off until it does, so a step never fails on a request the plan
+itself made too long. A request planned beyond the context (a hand-written step whose point is
+to exceed it) and the ``context-length`` step (the context is its variable) are sent as
+planned.
 """
 
 from __future__ import annotations
@@ -66,6 +68,10 @@ def fit_prompt(
     if variable in CONTEXT_VARIABLES or tokens + max_tokens <= ctx:
         return body, Fit(words, tokens, ctx, f"prompt {tokens} tokens + max_tokens {max_tokens} "
                                              f"(context {ctx})")
+    if words + max_tokens > ctx:
+        return body, Fit(words, tokens, ctx, f"prompt {tokens} tokens + max_tokens {max_tokens} "
+                                             f"planned beyond the {ctx}-token context: sent as "
+                                             "planned")
     start = words
     for _ in range(4):  # the count is close to linear in words: a few rounds converge
         over = tokens + max_tokens - ctx
