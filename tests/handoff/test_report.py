@@ -123,7 +123,9 @@ def test_korean_hand_off(tmp_path: Path) -> None:
     assert "## 재현 인계 점검" in md
     assert "호스트 드라이버와 컨테이너 내부 CUDA 정보를 같은 시각에 저장했습니다." in md
     assert "## 재현성의 한계" in md
-    assert "서버는 **weights_access** 단계에서 실패했습니다" in md
+    # stage names are translated, the contract string kept beside them (issue 10)
+    assert "서버는 **가중치 접근 (weights_access)** 단계에서 실패했습니다" in md
+    assert "| 가중치 접근 (weights_access) | 실패 |" in md
 
 
 def test_i18n_catalog_has_both_languages_with_same_fields() -> None:

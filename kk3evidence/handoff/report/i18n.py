@@ -528,6 +528,39 @@ _CATALOG: dict[str, tuple[str, str]] = {
 }
 
 
+#: Korean names of the SPEC §2 stages; the contract string stays beside them in parentheses
+_STAGE_KO: dict[str, str] = {
+    "container_init": "컨테이너 시작",
+    "device_discovery": "장치 인식",
+    "weights_access": "가중치 접근",
+    "engine_init": "엔진 초기화",
+    "comm_group": "통신 그룹",
+    "api_ready": "API 준비",
+    "serving": "요청 처리",
+}
+_STATUS_KO: dict[str, str] = {"completed": "완료", "failed": "실패", "started": "시작됨"}
+_CLASS_KO: dict[str, str] = {
+    "needed": "필수", "feature": "기능", "load": "부하", "multi-node": "다중 노드",
+    "observability": "관측", "business-wrapper": "업무용 래퍼", "unknown": "알 수 없음",
+}
+
+
+def stage_name(lang: Lang, stage: object) -> str:
+    """``api_ready`` in English; ``API 준비 (api_ready)`` in Korean."""
+    s = str(stage)
+    return f"{_STAGE_KO[s]} ({s})" if lang == "ko" and s in _STAGE_KO else s
+
+
+def status_name(lang: Lang, status: object) -> str:
+    s = str(status)
+    return _STATUS_KO.get(s, s) if lang == "ko" else s
+
+
+def class_name(lang: Lang, cls: object) -> str:
+    s = str(cls)
+    return f"{_CLASS_KO[s]}, {s}" if lang == "ko" and s in _CLASS_KO else s
+
+
 def text(lang: Lang, key: str, **fields: object) -> str:
     """The text ``key`` in ``lang`` with ``fields`` filled in."""
     en, ko = _CATALOG[key]

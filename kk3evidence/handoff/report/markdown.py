@@ -28,7 +28,15 @@ from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.compat import CheckResult, check_evidence, container_cuda
 from kk3evidence.handoff.diff import DiffResult, diff_evidence, request_signature, serve_command
 from kk3evidence.handoff.evidence import Evidence, LogLine, Request, other_gpu_processes
-from kk3evidence.handoff.report.i18n import CHECKLIST, LANGS, Lang, text
+from kk3evidence.handoff.report.i18n import (
+    CHECKLIST,
+    LANGS,
+    Lang,
+    class_name,
+    stage_name,
+    status_name,
+    text,
+)
 from kk3evidence.model import STAGES
 
 __all__ = [
@@ -178,11 +186,12 @@ def _truncate(s: str, n: int) -> str:
 
 def _summary(ev: Evidence, lang: Lang) -> list[Block]:
     ff = ev.first_failure
-    last = ev.last_stage_reached or text(lang, "unknown")
+    last = stage_name(lang, ev.last_stage_reached) if ev.last_stage_reached else text(
+        lang, "unknown")
     out: list[Block] = []
     if ff is not None:
         proc = text(lang, "process", process=ff["process"]) if ff.get("process") else ""
-        out.append(Para(text(lang, "sum_failed", stage=ff.get("stage"),
+        out.append(Para(text(lang, "sum_failed", stage=stage_name(lang, ff.get("stage")),
                              category=ff.get("category"), rule=ff.get("rule"),
                              line_no=ff.get("line_no"), process=proc, last=last)))
     else:
@@ -323,7 +332,8 @@ def _command(ev: Evidence, lang: Lang, keep: set[str] | frozenset[str] = frozens
     if removed:
         out += [Para(text(lang, "cmd_minimal")), Code(minimal, "bash"),
                 Para(text(lang, "cmd_removed")),
-                Bullets(tuple(f"`{r.flag}` ({r.cls}): {r.why}" for r in removed))]
+                Bullets(tuple(f"`{r.flag}` ({class_name(lang, r.cls)}): {r.why}"
+                              for r in removed))]
     else:
         out.append(Para(text(lang, "cmd_is_minimal")))
     return out
@@ -386,7 +396,8 @@ def _failure(ev: Evidence, lang: Lang) -> list[Block]:
                                       last=ev.last_stage_reached or text(lang, "unknown")))]
         return out
     proc = text(lang, "process", process=ff["process"]) if ff.get("process") else ""
-    out = [Para(text(lang, "fail_fields", stage=ff.get("stage"), category=ff.get("category"),
+    out = [Para(text(lang, "fail_fields", stage=stage_name(lang, ff.get("stage")),
+                     category=ff.get("category"),
                      rule=ff.get("rule"), line_no=ff.get("line_no"), process=proc))]
     if ev.log_window:
         out += [Para(text(lang, "fail_lines")), Lines(ev.log_window, int(ff["line_no"]))]
@@ -454,7 +465,8 @@ def _timeline(ev: Evidence, lang: Lang) -> list[Block]:
         s: Mapping[str, Any] = next((x for x in (ev.analysis or {}).get("stages") or []
                                      if x.get("stage") == stage), {})
         when = f"{start:.1f}–{end:.1f} s" if tl.unit == "s" else "-"
-        rows.append((stage, status, f"{s.get('first_line')}–{s.get('last_line')}", when))
+        rows.append((stage_name(lang, stage), status_name(lang, status),
+                     f"{s.get('first_line')}–{s.get('last_line')}", when))
     return [tl, Table((text(lang, "tl_stage"), text(lang, "tl_status"), text(lang, "tl_lines"),
                        text(lang, "tl_time")), tuple(rows), status_col=1)]
 
@@ -642,7 +654,8 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
             # This run is the baseline's configuration again: that is going back.
             results["reverted_baseline"] = ("pass", text(lang, "ck8_pass_baseline"))
         elif bff is not None and not revert:
-            results["reverted_baseline"] = ("fail", text(lang, "ck8_fail", stage=bff.get("stage"),
+            results["reverted_baseline"] = ("fail", text(lang, "ck8_fail",
+                                                         stage=stage_name(lang, bff.get("stage")),
                                                          category=bff.get("category")))
         else:
             results["reverted_baseline"] = ("unknown", text(lang, "ck8_unknown"))
