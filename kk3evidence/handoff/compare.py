@@ -154,6 +154,11 @@ def _config(ev: Evidence) -> tuple[str, str | None]:
     if cmd is not None:
         flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cmd.flags.items()
                  if k != "port"}
+        # a flag equal to what the engine ran with anyway is not a different configuration
+        eng = ev.engine_config
+        if eng is not None and eng.enable_prefix_caching is not None:
+            flags.pop("enable-prefix-caching", None)
+            flags["effective:enable_prefix_caching"] = eng.enable_prefix_caching
         command: Any = {"model": cmd.model, "flags": dict(sorted(flags.items()))}
     else:
         command = list(ev.argv)

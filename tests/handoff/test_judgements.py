@@ -134,3 +134,11 @@ def test_the_prefix_probe_checks_judge_the_prefix_item() -> None:
     items = {i.key: i for i in evaluate_checklist(replace(ev, prefix_probe=probe))}
     assert items["prefix_caching"].status == "pass"
     assert "4 prefix checks" in items["prefix_caching"].why
+
+
+def test_compare_groups_runs_by_effective_prefix_caching() -> None:
+    from kk3evidence.handoff.compare import compare
+
+    # --enable-prefix-caching on a V1 engine that had it on anyway: the same configuration
+    result = compare([real_run("ok_baseline", "a.tar"), real_run("ok_prefix_caching", "b.tar")])
+    assert len(set(result.runs["config"].to_list())) == 1
