@@ -233,8 +233,7 @@ class AnalysisEngine:
     # -- the block scan ------------------------------------------------------------------
 
     def _block(self, block: bytes, lo: int = 0, hi: int | None = None, final: bool = False) -> None:
-        """Process the whole lines of ``block[lo:hi]`` (it ends with ``\\n`` unless ``final``).
-        Offsets stay relative to ``block``: nothing is copied."""
+        """Process the whole lines of ``block[lo:hi]`` (``\\n``-ended unless ``final``), no copy."""
         c = self._c
         base = self.lines
         n = len(block) if hi is None else hi
