@@ -240,3 +240,14 @@ class EngineConfig:
             lines={str(k): v for k, v in lines.items() if isinstance(v, int)}
             if isinstance(lines, Mapping) else {},
         )
+
+
+def engine_numbers(analysis: object) -> list[str]:
+    """What vLLM reported that the next step asks for, in full (a cut failure line hides it),
+    from an analysis JSON object."""
+    cfg = analysis.get("engine_config") if isinstance(analysis, Mapping) else None
+    est = cfg.get("estimated_max_model_len") if isinstance(cfg, Mapping) else None
+    if isinstance(est, int) and not isinstance(est, bool):
+        return [f"vLLM estimates the maximum model length that fits at {est} (next: "
+                f"--max-model-len {est})"]
+    return []

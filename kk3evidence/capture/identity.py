@@ -185,3 +185,4 @@ def record_port_holder(target: object, launch: dict[str, object],
         say(holder.describe() + " - no request will go to it; the command runs and tells "
             "its own story")
     return holder
+

@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+from kk3evidence.analysis.engine_config import engine_numbers
 from kk3evidence.capture import fingerprint as fpmod
 from kk3evidence.capture import http as probe
 from kk3evidence.capture import identity
@@ -1213,6 +1214,7 @@ def _summary(
             f"first causal failure at line {ff.get('line_no')} "
             f"({ff.get('stage')}/{ff.get('category')}, rule {ff.get('rule')}): {text}"
         )
+        parts += engine_numbers(analysis)
     elif analysis is not None:
         last = analysis.get("last_stage_reached") or "none reached"
         parts.append(f"no failure found (last stage: {last})")

@@ -119,3 +119,15 @@ def test_fake_proc_tree(tmp_path: Path) -> None:
     assert identity.check_listener(8800, 10, str(proc)) is None
     assert identity.check_listener(8800, 11, str(proc)) is not None
     assert identity.port_holder(8801, str(proc)) is None
+
+
+def test_capture_summary_keeps_the_estimated_maximum_model_length() -> None:
+    from kk3evidence.analysis.engine import analyze
+
+    real = Path(__file__).resolve().parents[1] / "data" / "realruns"
+    data = analyze(real / "fail_kv_cache_too_small" / "output.log").to_json()
+    from kk3evidence.analysis.engine_config import engine_numbers
+
+    (line,) = engine_numbers(data)
+    assert "896" in line and "--max-model-len 896" in line
+    assert engine_numbers({"engine_config": None}) == []
