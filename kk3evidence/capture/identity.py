@@ -123,9 +123,10 @@ def is_local(host: str) -> bool:
 def check_listener(port: int, root_pid: int | None, proc_root: str = "/proc") -> str | None:
     """None when the listener on ``port`` belongs to ``root_pid``'s process tree (or cannot be
     told apart); else why the answering server is not CMD's."""
-    if root_pid is None:
-        return None
     inodes = listening_inodes(port, proc_root)
+    if root_pid is None:
+        # launched but its pid not known yet: an answering server cannot be ours yet
+        return "the launched command's pid is not known yet" if inodes else None
     if not inodes:
         return None  # /proc/net unreadable or a listener not visible here: cannot tell
     owners = socket_owners(inodes, proc_root)

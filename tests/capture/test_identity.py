@@ -131,3 +131,21 @@ def test_capture_summary_keeps_the_estimated_maximum_model_length() -> None:
     (line,) = engine_numbers(data)
     assert "896" in line and "--max-model-len 896" in line
     assert engine_numbers({"engine_config": None}) == []
+
+
+def test_an_unknown_launch_pid_never_accepts_an_answering_server(tmp_path: Path) -> None:
+    port = free_port()
+    server = subprocess.Popen(_server(port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        _wait_listening(port, server)
+        why = identity.check_listener(port, None)
+        assert why is not None and "not known yet" in why
+        verify = identity.verifier("127.0.0.1", port, lambda: server.pid, ["tiny"])
+        assert verify("tiny") is None
+        assert verify("old") is not None  # the right socket, the wrong model
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+        if server.stdout is not None:
+            server.stdout.close()

@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kk3evidence.capture import identity
 from kk3evidence.capture.ladder.fit import Fit, count_tokens, fit_prompt
 from kk3evidence.errors import InputError, UsageError
 from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec, step_variables
@@ -711,6 +712,10 @@ class CaptureRunner:
                 alive=lambda: not group.finished.is_set(),
                 stop=threading.Event(),
                 headers={k: v for k, v in headers.items() if k == "Authorization"},
+                # never a stale server on the step's port: only the step's own command counts
+                verify=identity.verifier(target.host, target.port,
+                                         lambda: _launched_pid(group.staging),
+                                         identity.expected_models(_serve_of(group.argv))),
             )
         if not rd.ready:
             return
@@ -874,6 +879,23 @@ class CaptureRunner:
 # --------------------------------------------------------------------------------------------
 # The ladder
 # --------------------------------------------------------------------------------------------
+
+
+def _launched_pid(staging: Path) -> int | None:
+    """The pid capture recorded for the step's command (launch.json in its staging folder)."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = json.loads((staging / "launch.json").read_text(encoding="utf-8")).get("pid")
+        return pid if isinstance(pid, int) and pid > 0 else None
+    return None
+
+
+def _serve_of(argv: Sequence[str]) -> Any:
+    from kk3evidence import vllm_args
+
+    try:
+        return vllm_args.parse_serve_argv(list(argv))
+    except InputError:
+        return None
 
 
 def _state_path(out_dir: Path) -> Path:
