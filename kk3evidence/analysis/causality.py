@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kk3evidence.analysis.classify import Classified
@@ -121,10 +121,14 @@ _DETAIL_SPAN = 3
 def _specific_over_wrapper(hits: Sequence[Classified], notes: list[str]) -> list[Classified]:
     """A generic exception line (``pydantic ValidationError: 1 validation error for X``) whose
     own detail line right below matched a specific rule of the same category (``max_model_len
-    … greater than the derived max_model_len``): the specific rule is the headline, the wrapper
-    only carries it."""
+    … greater than the derived max_model_len``): the exception line stays the first causal
+    line (it is where the failure starts), classified by the specific rule, and the detail line
+    is not listed again as a separate failure."""
     out: list[Classified] = []
+    skip = -1
     for i, h in enumerate(hits):
+        if i == skip:
+            continue
         ln = h.line
         nxt = hits[i + 1] if i + 1 < len(hits) else None
         if (nxt is not None and ln.tb_role == "exception" and nxt.line.tb_role == "detail"
@@ -133,8 +137,10 @@ def _specific_over_wrapper(hits: Sequence[Classified], notes: list[str]) -> list
                 and nxt.rule.kind == "failure" and nxt.rule.id != h.rule.id
                 and nxt.rule.category == h.rule.category and not nxt.rule.fallback
                 and 0 < nxt.line.line_no - ln.line_no <= _DETAIL_SPAN):
-            notes.append(f"line {ln.line_no} ({h.rule.id}) is the generic wrapper of the "
-                         f"specific failure on line {nxt.line.line_no} ({nxt.rule.id})")
+            notes.append(f"line {ln.line_no}: the generic {h.rule.id} is classified by the "
+                         f"specific {nxt.rule.id} of its detail line {nxt.line.line_no}")
+            out.append(replace(h, rule=nxt.rule, captures=nxt.captures))
+            skip = i + 1
             continue
         out.append(h)
     return out
