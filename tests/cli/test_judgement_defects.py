@@ -70,3 +70,19 @@ def test_the_estimated_maximum_model_length_is_shown_in_full() -> None:
     assert res.exit_code == 3
     assert "the estimated maximum model length is 896. Try increasing" in res.output
     assert "estimated maximum model length: 896 (line 74)" in res.output
+
+
+def test_check_names_a_cpu_build_and_prints_readable_markers(tmp_path: Path) -> None:
+    from _handoff_fixtures import gpu_fingerprint, run, write
+
+    cpu = write(run("cpu"), tmp_path / "cpu.tar")
+    res = CliRunner().invoke(main, ["check", str(cpu)])
+    assert res.exit_code == 6
+    assert "CPU build: fingerprint python.torch_version: 2.13.0+cpu" in res.output
+    assert "????" not in res.output
+    k3 = ["vllm", "serve", "moonshotai/Kimi-K3", "--tensor-parallel-size", "8",
+          "--trust-remote-code"]  # no --gpu-memory-utilization 0.95: a warning-level rule
+    gpu = write(run("k3", argv=k3, fingerprint=gpu_fingerprint()), tmp_path / "k3.tar")
+    res = CliRunner().invoke(main, ["check", str(gpu), "--recipe", "kimi-k3"])
+    assert "WARN    K3-006" in res.output  # a failed warning is not printed as FAIL
+    assert "FAIL    K3-006" not in res.output
