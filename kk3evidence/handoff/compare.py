@@ -384,13 +384,18 @@ def _keep_fixing(original: Sequence[RunGroup], evs: Mapping[str, Evidence],
     if stable:
         evidence.extend(f"configuration {g.config}, runs {', '.join(g.runs)}: "
                         f"{_counts(g.signatures)}" for g in stable)
+        names = [r for g in stable for r in g.runs]
+        pinned = frame.filter(pl.col("run").is_in(names)).select([n for n, _ in _PINNED])
+        # "unchanged" only when something was recorded to compare
+        fp = ("an unchanged fingerprint" if any(v is not None for col in pinned.iter_columns()
+                                                 for v in col) else
+              "no driver/image/vLLM versions recorded to compare")
         if any(s != "ok" for g in stable for s in g.signatures):
-            reasons.append("the failure repeats at the same stage with an unchanged "
-                           f"fingerprint ({quiet}): keep changing one variable at a time here")
+            reasons.append(f"the failure repeats at the same stage ({fp}; {quiet}): keep "
+                           "changing one variable at a time here")
         else:
-            reasons.append("the same configuration starts cleanly on every repeat with an "
-                           f"unchanged fingerprint ({quiet}): keep restoring one variable at a "
-                           "time here")
+            reasons.append(f"the same configuration starts cleanly on every repeat ({fp}; "
+                           f"{quiet}): keep restoring one variable at a time here")
     else:
         reasons.append("no repeated configuration yet: run the same configuration again to "
                        f"see whether the first failing stage is stable ({quiet})")
