@@ -706,8 +706,10 @@ def _toml_key(k: str) -> str:
 
 
 def _toml_table(lines: list[str], obj: Mapping[str, Any], header: str) -> None:
-    plain = {k: v for k, v in obj.items() if v is not None and not isinstance(v, dict)}
-    subs = {k: v for k, v in obj.items() if isinstance(v, dict)}
+    # env is an inline table: it must come before any sub-table, whatever the dict order
+    plain = {k: v for k, v in obj.items()
+             if v is not None and (not isinstance(v, dict) or k == "env")}
+    subs = {k: v for k, v in obj.items() if isinstance(v, dict) and k != "env"}
     lines.append(header)
     for k, v in plain.items():
         if isinstance(v, list) and v and all(isinstance(x, str) for x in v) and len(v) > 4:
@@ -718,9 +720,6 @@ def _toml_table(lines: list[str], obj: Mapping[str, Any], header: str) -> None:
             lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
     name = header.strip("[]")
     for k, v in subs.items():
-        if k == "env":
-            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
-            continue
         lines.append("")
         _toml_table(lines, v, f"[{name}.{_toml_key(k)}]")
 
