@@ -218,7 +218,8 @@ def minimize(
     kept = tuple(c for c in classified if c.cls == "needed")
     removed = tuple(c for c in classified if c.cls != "needed")
     minimal = cmd.replace(drop=[c.name for c in removed])
-    if table.spec(PREFIX_FLAG) is not None:
+    spec = table.spec(PREFIX_FLAG)
+    if spec is not None and spec.negatable:
         # vLLM's V1 engine turns prefix caching on by default: a baseline without the cache
         # must say so, or its "without cache" requests run with the cache on.
         minimal = minimal.replace(set_flags={PREFIX_FLAG: False})
