@@ -90,3 +90,19 @@ def test_a_step_changing_two_variables_is_refused_also_in_dry_run(tmp_path: Path
                               max_tokens=300))
     with pytest.raises(InputError, match="input, max_tokens"):
         load_plan(one_request)
+
+
+def test_the_prefix_step_records_the_four_prefix_checks(tmp_path: Path) -> None:
+    port = str(free_port())
+    server = [PY, prog("fake_openai.py"), "--host", "127.0.0.1", "--port", port]
+    plan = _plan(tmp_path / "plan.toml",
+                 _step(0, "baseline", server, "baseline", max_tokens=4),
+                 _step(1, "prefix-caching", [*server, "--enable-prefix-caching"], "argv",
+                       max_tokens=4))
+    out = tmp_path / "run"
+    result = run_ladder(load_plan(plan), out, progress=Progress(enabled=False))
+    prefix = result.records[1]
+    checks = [s for s in prefix.request_summaries if s.startswith("prefix check ")]
+    assert len(checks) == 4, prefix.request_summaries
+    assert "prefix check second_request_hits_cache: pass" in checks
+    assert not any(s.startswith("prefix check") for s in result.records[0].request_summaries)

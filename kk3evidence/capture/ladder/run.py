@@ -881,6 +881,24 @@ class CaptureRunner:
 # --------------------------------------------------------------------------------------------
 
 
+def _prefix_checks(out: Path, bundle_rel: str | None) -> tuple[str, ...]:
+    """The four prefix checks capture's probe recorded in a prefix step's bundle."""
+    if bundle_rel is None:
+        return ()
+    from kk3evidence.bundle.archive import open_bundle
+    from kk3evidence.errors import BundleError
+
+    try:
+        with open_bundle(out / bundle_rel) as b:
+            if not b.has("probes/prefix_probe.json"):
+                return ("prefix checks: not recorded (the probe did not run)",)
+            probe = json.loads(b.read_bytes("probes/prefix_probe.json"))
+    except (BundleError, InputError, OSError, ValueError):
+        return ()
+    return tuple(f"prefix check {c.get('id')}: {c.get('status')}"
+                 for c in probe.get("checks") or [] if isinstance(c, dict))
+
+
 def _launched_pid(staging: Path) -> int | None:
     """The pid capture recorded for the step's command (launch.json in its staging folder)."""
     with contextlib.suppress(OSError, ValueError):
@@ -1092,7 +1110,9 @@ def run_ladder(
                 requests_dir=rec.requests_dir,
                 started_at=rec.started_at,
                 seconds=rec.seconds,
-                request_summaries=rec.request_summaries,
+                request_summaries=rec.request_summaries + (
+                    _prefix_checks(out, bundle_rel) if rec.variable in PREFIX_VARIABLES
+                    and rec.shares_server_with is None else ()),
             )
             records.append(final)
             if not interrupted and bundle_rel is not None:
