@@ -280,11 +280,13 @@ def _decide(frame: pl.DataFrame, groups: Sequence[RunGroup],
     if move:
         return Decision("move_to_isolated", tuple(dict.fromkeys(move + outside)),
                         tuple(evidence))
+    keep = _keep_fixing(original, evs, frame, evidence)
     if outside:
+        # outside the boundary first; what the repeats show is still said
         return Decision("keep_fixing_here", (
             *outside, "bring the environment within the official compatibility boundaries "
-            "first (kk3evidence check), then repeat"), tuple(evidence))
-    return _keep_fixing(original, evs, frame, evidence)
+            "first (kk3evidence check), then repeat", *keep.reasons), keep.evidence)
+    return keep
 
 
 def _hand_off(original: Sequence[RunGroup], isolated: Sequence[RunGroup],
