@@ -296,7 +296,7 @@ def fetch_metrics(
     try:
         resp = client.get(target.base_url + "/metrics", headers=dict(headers), timeout=10.0)
     except httpx.HTTPError as exc:
-        return None, f"GET /metrics failed: {type(exc).__name__}"
+        return None, f"GET /metrics failed: {_why_no_answer(exc, target)}"
     if resp.status_code != 200:
         return None, f"GET /metrics answered {resp.status_code}"
     return resp.text, None
