@@ -40,9 +40,9 @@ def gpu_fingerprint(*, n_gpus: int = 8, driver: str = "580.82.07", cuda_driver: 
                     image_ref: str = "vllm/vllm-openai:kimi-k3",
                     image_id: str = "sha256:" + "ab" * 32, torch_cuda: str = "13.0",
                     vllm: str = "0.27.1", gpu_name: str = "NVIDIA H200",
-                    other_jobs: int = 0) -> dict[str, Any]:
+                    other_jobs: int = 0, hostname: str = "gpu-node-07") -> dict[str, Any]:
     fp = copy.deepcopy(CPU_FINGERPRINT)
-    fp["host"]["hostname"] = "gpu-node-07"
+    fp["host"]["hostname"] = hostname
     fp["gpus"] = {
         "source": "nvml", "driver_version": driver, "cuda_driver_version": cuda_driver,
         "nvml_version": "13." + driver, "devices": [
@@ -178,15 +178,15 @@ def write(ev: Evidence, path: Any, *, log_lines: list[str] | None = None,
 
     staging = path.with_name(path.name + ".staging")
     writer = BundleWriter(staging, bundle_id=bundle_id)
-    writer.write_json("fingerprint.json", dict(ev.fingerprint))
-    writer.write_json("launch.json", dict(ev.launch))
-    writer.write_json("notes.json", dict(ev.notes) or {
+    writer.write_json("fingerprint.json", dict(ev.fingerprint.raw))
+    writer.write_json("launch.json", dict(ev.launch.raw))
+    writer.write_json("notes.json", dict(ev.notes.raw) or {
         "schema": "kk3evidence/notes/v1", "notes": [], "changes": [],
         "cluster": {"gpu_processes": [], "text": None}})
     if with_analysis and ev.analysis is not None:
         writer.write_json("analysis.json", dict(ev.analysis))
     for i, req in enumerate(ev.requests):
-        writer.write_json(f"requests/{i:02d}-{req.get('name', 'r')}.json", dict(req))
+        writer.write_json(f"requests/{i:02d}-{req.name or 'r'}.json", dict(req.raw))
     lines = log_lines if log_lines is not None else (
         FAIL_LOG if ev.first_failure is not None else OK_LOG)
     with writer.open_stream("logs/combined.log") as fp:

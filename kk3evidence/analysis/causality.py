@@ -135,6 +135,38 @@ def _exc_text(body: str) -> str:
     return body.strip()
 
 
+#: lines between an exception line and its detail line for the detail to count as its reason
+_DETAIL_SPAN = 3
+
+
+def _specific_over_wrapper(hits: Sequence[Classified], notes: list[str]) -> list[Classified]:
+    """A generic exception line (``pydantic ValidationError: 1 validation error for X``) whose
+    own detail line right below matched a specific rule of the same category (``max_model_len
+    … greater than the derived max_model_len``): the exception line stays the first causal
+    line (it is where the failure starts), classified by the specific rule, and the detail line
+    is not listed again as a separate failure."""
+    out: list[Classified] = []
+    skip = -1
+    for i, h in enumerate(hits):
+        if i == skip:
+            continue
+        ln = h.line
+        nxt = hits[i + 1] if i + 1 < len(hits) else None
+        if (nxt is not None and ln.tb_role == "exception" and nxt.line.tb_role == "detail"
+                and ln.tb_chain is not None and nxt.line.tb_chain == ln.tb_chain
+                and nxt.line.tb_index == ln.tb_index and h.rule.kind == "failure"
+                and nxt.rule.kind == "failure" and nxt.rule.id != h.rule.id
+                and nxt.rule.category == h.rule.category and not nxt.rule.fallback
+                and 0 < nxt.line.line_no - ln.line_no <= _DETAIL_SPAN):
+            notes.append(f"line {ln.line_no}: the generic {h.rule.id} is classified by the "
+                         f"specific {nxt.rule.id} of its detail line {nxt.line.line_no}")
+            out.append(replace(h, rule=nxt.rule, captures=nxt.captures))
+            skip = i + 1
+            continue
+        out.append(h)
+    return out
+
+
 def resolve(
     hits: Sequence[Classified],
     evidence: dict[str, StageEvidence],
@@ -152,7 +184,8 @@ def resolve(
     ``ready_line`` is the first line showing the server answering (``marks = "ready"``);
     ``completable`` the stages that have completion milestones (a failure while one of them is
     in progress belongs to it, see :func:`_failure_stage`)."""
-    kept = _drop_superseded(hits, chain_links or {})
+    notes: list[str] = []
+    kept = _drop_superseded(_specific_over_wrapper(hits, notes), chain_links or {})
     pol = policy if policy is not None else StageHints()
     stage_of = _stages_of(
         kept, evidence, ready_line, completable, index=HintIndex(hints), policy=pol
@@ -160,7 +193,6 @@ def resolve(
     cat_of = _context_categories(kept, HintIndex(category_hints), pol)
     links = _link(kept, shutdown_line)
     live = [h for h in kept if h.line.line_no not in links.dropped]
-    notes: list[str] = []
     first = _first_failure(links, live, notes)
     first_no = first.line.line_no if first else None
     findings, consequences = _findings(live, links, first_no, stage_of, cat_of)

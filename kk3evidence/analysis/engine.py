@@ -26,6 +26,7 @@ from typing import IO, Any
 
 from kk3evidence.analysis.causality import HintEvent, StageEvidence, resolve
 from kk3evidence.analysis.classify import Classified, Classifier
+from kk3evidence.analysis.engine_config import EngineConfigCollector
 from kk3evidence.analysis.grammar import (
     TB_HEADER,
     LogLine,
@@ -222,6 +223,7 @@ class AnalysisEngine:
         self._run_res: dict[bytes, re.Pattern[bytes]] = {}
         self._memo: dict[tuple[object, ...], tuple[Rule, dict[str, str]] | None] = {}
         self._env_memo: dict[bytes, LogLine] = {}
+        self._engine_config = EngineConfigCollector()  # what vLLM reports it runs with
 
     @property
     def prefilter_engine(self) -> str:
@@ -324,17 +326,18 @@ class AnalysisEngine:
             consequences=res.consequences,
             findings=res.findings,
             extra=extra,
+            engine_config=self._engine_config.result(),
         )
 
     # -- the block scan ------------------------------------------------------------------
 
     def _block(self, block: bytes, lo: int = 0, hi: int | None = None, final: bool = False) -> None:
-        """Process the whole lines of ``block[lo:hi]`` (it ends with ``\\n`` unless ``final``).
-        Offsets stay relative to ``block``: nothing is copied."""
+        """Process the whole lines of ``block[lo:hi]`` (``\\n``-ended unless ``final``), no copy."""
         c = self._c
         base = self.lines
         n = len(block) if hi is None else hi
         self._lo, self._hi = lo, n
+        self._engine_config.scan(block, lo, n, base)
         firsts, others = _split_hits(c.prefilter.scan(block, lo, n), c.single)
         noise_only = c.noise_only
         tracker = self._tracker
@@ -891,6 +894,9 @@ def _iter_lines_as_blocks(lines: Iterable[str | bytes]) -> Iterator[bytes]:
 
 
 def _blocks_for(source: object) -> tuple[str, Iterator[bytes]]:
+    if isinstance(source, str) and "\n" in source:
+        # Log text, not a path: no file name holds a newline in practice.
+        return "<text>", iter([source.encode("utf-8", errors="surrogateescape")])
     if isinstance(source, str | os.PathLike):
         s = os.fspath(source)
         if isinstance(s, bytes):
@@ -940,8 +946,9 @@ def analyze(
     engine: str | None = None,
     context: int = 3,
 ) -> Analysis:
-    """Analyse a bundle path (.tar/.tar.gz/.tgz), a log path, ``"-"`` (stdin), a binary file
-    object, raw bytes, or an iterable of ``str``/``bytes`` lines.
+    """Analyse a bundle path (.tar/.tar.gz/.tgz), a log path, ``"-"`` (stdin), log text (a
+    ``str`` holding a newline), a binary file object, raw bytes, or an iterable of
+    ``str``/``bytes`` lines.
 
     Raises :class:`~kk3evidence.errors.InputError` (or ``BundleError``) for unreadable input;
     never a traceback for the content of a log.

@@ -134,8 +134,13 @@ def wait_ready(
     stop: threading.Event,
     interval: float = 0.25,
     headers: Mapping[str, str] | None = None,
+    verify: Callable[[str | None], str | None] | None = None,
 ) -> Readiness:
-    """Poll ``/health`` then ``/v1/models`` until both answer 200, the child dies or time is up."""
+    """Poll ``/health`` then ``/v1/models`` until both answer 200, the child dies or time is up.
+
+    ``verify(served_model)`` returns why the answering server is not the launched one (a stale
+    server on the port, another model), or None: such answers never count as ready.
+    """
     attempts = 0
     last_error = "no answer yet"
     deadline = started_mono + timeout
@@ -184,13 +189,28 @@ def wait_ready(
                         max_len = int(raw_len) if isinstance(raw_len, int) else None
                     except (ValueError, AttributeError, IndexError, TypeError):
                         body = models.text[:10_000]
-                    return Readiness(True, seconds, served, body, max_len, None, attempts)
+                    foreign = verify(served) if verify is not None else None
+                    if foreign is None:
+                        return Readiness(True, seconds, served, body, max_len, None, attempts)
+                    last_error = foreign
+                    stop.wait(interval)
+                    continue
                 last_error = f"/v1/models answered {models.status_code}"
             else:
                 last_error = f"/health answered {health.status_code}"
         except httpx.HTTPError as exc:
-            last_error = f"{type(exc).__name__}"
+            last_error = _why_no_answer(exc, target)
         stop.wait(interval)
+
+
+def _why_no_answer(exc: httpx.HTTPError, target: ApiTarget) -> str:
+    """A sentence, not an exception class name ("(ConnectError)" told users nothing)."""
+    where = f"{target.host}:{target.port}"
+    if isinstance(exc, httpx.ConnectError):
+        return f"nothing accepted a connection on {where}"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"{where} accepted the connection but did not answer in time"
+    return f"HTTP error talking to {where}: {exc or type(exc).__name__}"
 
 
 def _decode_body(resp: httpx.Response) -> tuple[Any, bool]:
@@ -278,7 +298,7 @@ def fetch_metrics(
     try:
         resp = client.get(target.base_url + "/metrics", headers=dict(headers), timeout=10.0)
     except httpx.HTTPError as exc:
-        return None, f"GET /metrics failed: {type(exc).__name__}"
+        return None, f"GET /metrics failed: {_why_no_answer(exc, target)}"
     if resp.status_code != 200:
         return None, f"GET /metrics answered {resp.status_code}"
     return resp.text, None

@@ -39,11 +39,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+from kk3evidence.analysis.engine_config import engine_numbers
 from kk3evidence.bundle.ledger import Ledger
 from kk3evidence.capture import fingerprint as fpmod
 from kk3evidence.capture import group as capture_group
 from kk3evidence.capture import http as probe
-from kk3evidence.capture import raylogs
+from kk3evidence.capture import identity, raylogs
 from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
 from kk3evidence.capture.staging import default_output, staging_for  # noqa: F401 (re-exported)
@@ -562,6 +563,7 @@ def run_capture(
         "changes": [c.to_json() for c in changes],
         "cluster": {"gpu_processes": [], "text": opts.cluster_text},
     }
+    identity.record_port_holder(run.target, launch, say)
     _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
     _safe(run, "notes.json", lambda: writer.write_json("notes.json", notes))
     if opts.preflight:
@@ -940,6 +942,9 @@ def _probe(run: _Run) -> None:
             alive=lambda: not run.child_exited.is_set(),
             stop=run.stop,
             headers=auth,
+            verify=identity.verifier(target.host, target.port,
+                                     lambda: run.proc.pid if run.proc else None,
+                                     identity.expected_models(run.serve)),
         )
         run.readiness = rd
         if not rd.ready:
@@ -1071,7 +1076,11 @@ def _prefix_probe(
         enabled = None if v is None else bool(v)
     else:
         enabled = None
-    snaps: list[str | None] = [before]
+    # The first delta starts now, after the fixed request: a snapshot from before it would count
+    # the fixed request's prompt in the probe's first request.
+    start, merr = probe.fetch_metrics(client, target, auth)
+    _save_metrics(run, writer, "before-prefix-1", start, merr)
+    snaps: list[str | None] = [start if start is not None else before]
     recs: list[dict[str, Any]] = []
     for i in (1, 2):
         name = f"prefix-{i}"
@@ -1248,8 +1257,10 @@ def _summary(
             f"first causal failure at line {ff.get('line_no')} "
             f"({ff.get('stage')}/{ff.get('category')}, rule {ff.get('rule')}): {text}"
         )
+        parts += engine_numbers(analysis)
     elif analysis is not None:
-        parts.append(f"no failure found (last stage {analysis.get('last_stage_reached')})")
+        last = analysis.get("last_stage_reached") or "none reached"
+        parts.append(f"no failure found (last stage: {last})")
     if launch.get("signal"):
         end = f"killed by signal {launch['signal']}"
     else:

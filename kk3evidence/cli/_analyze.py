@@ -10,7 +10,7 @@ import click
 from kk3evidence.analysis import group
 from kk3evidence.analysis.engine import analyze
 from kk3evidence.analysis.rules import RuleSet, load_rule_files
-from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, UsageError
+from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, InputError, UsageError
 from kk3evidence.model import Analysis, Finding
 
 from ._common import echo_json, handle_errors
@@ -54,6 +54,21 @@ def spec_json(a: Analysis) -> dict[str, Any]:
     return a.to_json()
 
 
+def _engine_numbers(a: Analysis) -> list[str]:
+    """What vLLM itself reported that a next step asks for, in full."""
+    cfg = a.engine_config or {}
+    lines = cfg.get("lines") or {}
+    out = []
+    for key, label in (("estimated_max_model_len", "estimated maximum model length"),
+                       ("max_model_len", "max model length the engine ran with"),
+                       ("kv_cache_tokens", "KV cache tokens"),
+                       ("max_concurrency", "maximum concurrency"),
+                       ("enable_prefix_caching", "prefix caching (engine config)")):
+        if cfg.get(key) is not None:
+            out.append(f"  {label}: {cfg[key]} (line {lines.get(key, '?')})")
+    return ["", "Engine reported:", *out] if out else []
+
+
 def render_text(a: Analysis) -> str:
     out: list[str] = [f"{a.source}: {a.lines_total} lines"]
     out.append("")
@@ -83,7 +98,9 @@ def render_text(a: Analysis) -> str:
         out.append(f"  {note}")
     width = len(str(max(n for n, _t, _c in _context_lines(a, ff))))
     for n, t, cur in _context_lines(a, ff):
-        out.append(f"  {'>' if cur else ' '} {n:>{width}} | {_clip(t)}")
+        # The first causal line is never cut: its numbers are what the next steps ask for.
+        out.append(f"  {'>' if cur else ' '} {n:>{width}} | {t if cur else _clip(t)}")
+    out += _engine_numbers(a)
     if info.get("summary"):
         out += ["", f"What: {info['summary']}"]
     if info.get("why"):
@@ -196,6 +213,11 @@ def command(
             _group(tuple(paths), sources, as_json=as_json, as_md=as_md, ruleset=ruleset)
             return
     result = analyze(sources[0], context=context, ruleset=ruleset)
+    if result.lines_total == 0:
+        # No evidence either way: "no failure found" would read as a clean start.
+        raise InputError(f"{sources[0]}: the log is empty: nothing to analyse (no failure found, "
+                         "and no evidence of a clean start either); check that the right file "
+                         "or bundle was given and that the program wrote to it")
     if as_json:
         echo_json(spec_json(result))
     elif as_md:

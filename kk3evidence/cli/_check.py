@@ -6,31 +6,41 @@ import sys
 
 import click
 
-from kk3evidence.handoff.compat import CheckResult, check
+from kk3evidence.handoff import evidence as _evidence
+from kk3evidence.handoff.compat import CheckResult, check, cpu_build
 from kk3evidence.handoff.group import check_group
 
 from ._common import echo_json, handle_errors
 from ._merge import expand
 
-_MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "????"}
+_MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
 
 
-def _human(result: CheckResult) -> str:
+def _mark(status: str, level: str) -> str:
+    # A failed warning-level rule does not fail the check: it must not read as FAIL.
+    return "WARN" if status == "fail" and level != "error" else _MARK[status]
+
+
+def _human(result: CheckResult, cpu: list[str] | None = None) -> str:
     head = f"{result.source}: "
     if result.recipe:
         head += f"recipe {result.recipe}" + (" (picked from the served model)"
                                               if result.recipe_auto else "")
     else:
         head += "generic rules only (no --recipe given and none matches the model)"
-    lines = [head, ""]
+    lines = [head]
+    if cpu:
+        lines.append("CPU build: " + "; ".join(cpu) + " - outside every CUDA boundary")
+    lines.append("")
     for r in result.results:
         level = "" if r.rule.level == "error" else " (warning)"
-        lines.append(f"{_MARK[r.status]} {r.rule.id} {r.rule.name}{level}: {r.reason}")
+        mark = _mark(r.status, r.rule.level)
+        lines.append(f"{mark:7} {r.rule.id} {r.rule.name}{level}: {r.reason}")
         for e in r.evidence:
-            lines.append(f"       evidence: {e}")
+            lines.append(f"        evidence: {e}")
         if r.status == "fail":
-            lines.append(f"       next: {r.rule.next_steps}")
-        lines.append(f"       source: {r.rule.source} ({r.rule.source_date})")
+            lines.append(f"        next: {r.rule.next_steps}")
+        lines.append(f"        source: {r.rule.source} ({r.rule.source_date})")
     c = result.counts()
     lines.append("")
     failed = [f"{r.rule.id} {r.rule.name}" for r in result.failed if r.rule.level == "error"]
@@ -41,7 +51,7 @@ def _human(result: CheckResult) -> str:
 
 
 @click.command(name="check")
-@click.argument("bundles", nargs=-1, required=True, type=click.Path(dir_okay=False),
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(),
                 metavar="BUNDLE [BUNDLE...]")
 @click.option("--recipe", metavar="NAME",
               help="Also apply a recipe's boundaries (e.g. kimi-k3). Default: picked from the "
@@ -62,11 +72,13 @@ def command(bundles: tuple[str, ...], recipe: str | None, as_json: bool) -> None
         if len(paths) > 1:
             _group(tuple(paths), recipe, as_json)
             return
-    result = check(bundles[0], recipe)
+    ev = _evidence.load(bundles[0])
+    result = check(ev, recipe)
+    cpu = cpu_build(ev)
     if as_json:
-        echo_json(result.to_json())
+        echo_json({**result.to_json(), "cpu_build": cpu is not None})
     else:
-        click.echo(_human(result))
+        click.echo(_human(result, cpu))
     sys.exit(result.exit_code)
 
 

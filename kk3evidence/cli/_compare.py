@@ -64,8 +64,8 @@ def _human(result: Comparison) -> str:
 
 
 @click.command(name="compare")
-@click.argument("bundles", nargs=-1, type=click.Path(dir_okay=False))
-@click.option("--isolated", "isolated", multiple=True, type=click.Path(dir_okay=False),
+@click.argument("bundles", nargs=-1, type=click.Path())
+@click.option("--isolated", "isolated", multiple=True, type=click.Path(),
               metavar="BUNDLE",
               help="A bundle captured in the isolated environment (repeatable; also compared).")
 @click.option("--isolated-host", "isolated_hosts", multiple=True, metavar="HOST",

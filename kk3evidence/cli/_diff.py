@@ -46,7 +46,7 @@ def _human(result: DiffResult) -> str:
 
 @click.command(name="diff")
 @click.argument("bundles", nargs=-1, required=True, metavar="A B | A0 A1.. B0 B1..",
-                type=click.Path(dir_okay=False))
+                type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @handle_errors
 def command(bundles: tuple[str, ...], as_json: bool) -> None:

@@ -13,6 +13,7 @@ from kk3evidence.handoff.minimize import (
     PlanOptions,
     build_plan,
     minimize,
+    model_context,
     plan_to_toml,
 )
 from kk3evidence.vllm_args import ArgTable, load_arg_table, render_shell
@@ -76,7 +77,8 @@ def _read_command_file(path: str) -> list[str]:
 @click.option(
     "--long-input-tokens",
     type=click.IntRange(1),
-    help="Input length of the longer-input step [3/4 of --max-model-len, else 8192].",
+    help="Input length of the longer-input step [sized so that input + output cap fit the "
+    "context: --max-model-len, else the model's config.json; 8192 when unknown].",
 )
 @click.option(
     "--large-max-tokens",
@@ -140,6 +142,7 @@ def command(  # noqa: PLR0917 - click passes options by keyword
             long_input_tokens=long_input_tokens,
             large_max_tokens=large_max_tokens,
             concurrency=concurrency,
+            model_context=model_context(str(mini.source.model) if mini.source.model else None),
         ),
     )
     wrote: str | None = None

@@ -16,9 +16,9 @@ from ._merge import expand
 
 
 @click.command(name="report")
-@click.argument("bundles", nargs=-1, required=True, type=click.Path(dir_okay=False),
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(),
                 metavar="BUNDLE [BUNDLE...]")
-@click.option("--baseline", "baseline", metavar="BUNDLE", type=click.Path(dir_okay=False),
+@click.option("--baseline", "baseline", metavar="BUNDLE", type=click.Path(),
               help="The last stable run: adds the single-variable result against it.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="markdown",
               show_default=True,

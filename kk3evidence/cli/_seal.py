@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -20,6 +21,26 @@ def default_output(staging: Path) -> Path:
         if name.endswith((".tar", ".tar.gz", ".tgz")):
             return staging.with_name(name)
     return staging.with_name(name + ".tar")
+
+
+def still_running(staging: Path) -> str | None:
+    """``"pid N: CMDLINE"`` when the process capture launched (launch.json pid) still runs the
+    recorded command, else None."""
+    from kk3evidence.capture.identity import cmdline
+
+    try:
+        launch = json.loads((staging / "launch.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    pid = launch.get("pid") if isinstance(launch, dict) else None
+    argv = launch.get("argv") if isinstance(launch, dict) else None
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(argv, list) or not argv:
+        return None
+    now = cmdline(pid)
+    # the same program still holds that pid (not a recycled pid of something else)
+    if now == "?" or Path(str(argv[0])).name not in now:
+        return None
+    return f"pid {pid}: {now}"
 
 
 @click.command(name="seal")
@@ -49,8 +70,14 @@ def command(staging: str, output: str | None, remove_staging: bool) -> None:
     out = Path(output) if output else default_output(src)
     if output is None and out.exists():
         raise UsageError(f"{out} already exists; choose where to write with -o OUT")
+    alive = still_running(src)
     path = seal(src, out, remove_staging=remove_staging)
     problems = validate(path)
     if problems:  # a bug of ours; say so rather than hand over a bad bundle silently
         raise BundleError(f"sealed bundle {path} does not validate: {problems[0]}", list(problems))
     click.echo(f"sealed {staging} -> {path}")
+    if alive:
+        # The shim died, not the server: it keeps serving, and nothing records it any more.
+        click.echo(f"warning: the captured server is still running ({alive}); what it printed "
+                   "after capture died is not in the bundle. Stop it with "
+                   f"kill -INT {alive.split()[1].rstrip(':')} (or capture it again)", err=True)

@@ -7,9 +7,12 @@ failing stage is across repeats, and applies the guide's decision (seed, last se
 * **move to an isolated environment** when, on the original cluster, (1) the failure point
   varies from run to run even within the official compatibility boundaries, (2) the
   fingerprints of runs meant to be identical differ (driver or container cannot be pinned), or
-  (3) other jobs use the GPUs;
-* **hand off upstream** when the same failure (stage + category + rule) reproduces in an
-  isolated environment with the same configuration;
+  (3) other jobs use the GPUs (NVML process lists, or recorded notes such as
+  ``--cluster 'shared node, 3 other training jobs'``); a run outside the official boundaries
+  is stated as such. Unknown GPU occupancy (no NVML) is said to be unknown, never "no jobs";
+* **hand off upstream** when the same failure (stage + category + rule) reproduces on a
+  different, isolated host with the same configuration, and the failure is not in the user's
+  own configuration (categories ``config``, ``port``, ``weights``);
 * **keep fixing here** otherwise (a stable failure in a pinned, quiet environment; or a failure
   that appears only on the original cluster, whose configuration is then the suspect).
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -34,7 +37,8 @@ import polars as pl
 from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.compat import check_evidence, load_compat_rules
 from kk3evidence.handoff.diff import request_signature, serve_command
-from kk3evidence.handoff.evidence import Evidence, dig, other_gpu_processes
+from kk3evidence.handoff.evidence import Evidence, other_gpu_processes
+from kk3evidence.handoff.records import Fingerprint
 from kk3evidence.model import FORMAT_IDS
 
 __all__ = ["Comparison", "Decision", "RunGroup", "compare", "compare_evidence"]
@@ -49,15 +53,22 @@ ACTION_TEXT: dict[str, str] = {
 }
 
 # Fingerprint fields that must not move between runs meant to be identical.
-_PINNED: tuple[tuple[str, str], ...] = (
-    ("driver", "gpus.driver_version"),
-    ("cuda_driver", "gpus.cuda_driver_version"),
-    ("kernel", "host.kernel"),
-    ("image_id", "container.image_id"),
-    ("vllm", "python.vllm_version"),
-    ("torch", "python.torch_version"),
-    ("torch_cuda", "python.torch_cuda"),
+_PINNED: tuple[tuple[str, Callable[[Fingerprint], str | None]], ...] = (
+    ("driver", lambda f: f.gpus.driver_version),
+    ("cuda_driver", lambda f: f.gpus.cuda_driver_version),
+    ("kernel", lambda f: f.host.kernel),
+    ("image_id", lambda f: f.container.image_id),
+    ("vllm", lambda f: f.python.vllm_version),
+    ("torch", lambda f: f.python.torch_version),
+    ("torch_cuda", lambda f: f.python.torch_cuda),
 )
+#: failure categories that live in the user's own configuration: never "hand off upstream"
+_USER_CATEGORIES = frozenset({"config", "port", "weights"})
+# Notes that say the GPUs or node are shared with other work ("shared node, 3 other training
+# jobs"); "no other jobs" does not count.
+_BUSY_NOTE = re.compile(
+    r"(?<!no )(?<!without )\b(?:\d+|several|many|other)\s+(?:other\s+)?(?:\w+\s+)?jobs?\b"
+    r"|\bshared\s+(?:node|gpus?|cluster|host)\b", re.I)
 
 _ISOLATED_NOTE = re.compile(r"\b(environment|env)\s*[:=]\s*isolated\b|#isolated\b", re.I)
 
@@ -129,13 +140,9 @@ def _environment(ev: Evidence, isolated: set[str], isolated_hosts: set[str]) -> 
     src = ev.source
     if src in isolated or Path(src).name in isolated or str(Path(src).resolve()) in isolated:
         return "isolated"
-    if dig(ev.fingerprint, "host.hostname") in isolated_hosts:
+    if ev.fingerprint.host.hostname in isolated_hosts:
         return "isolated"
-    texts = [str(n) for n in ev.notes.get("notes") or []]
-    cluster = ev.notes.get("cluster")
-    if isinstance(cluster, Mapping) and cluster.get("text"):
-        texts.append(str(cluster["text"]))
-    if any(_ISOLATED_NOTE.search(t) for t in texts):
+    if any(_ISOLATED_NOTE.search(t) for t in ev.notes.texts):
         return "isolated"
     return "original"
 
@@ -148,14 +155,18 @@ def _config(ev: Evidence) -> tuple[str, str | None]:
     if cmd is not None:
         flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cmd.flags.items()
                  if k != "port"}
+        # a flag equal to what the engine ran with anyway is not a different configuration
+        eng = ev.engine_config
+        if eng is not None and eng.enable_prefix_caching is not None:
+            flags.pop("enable-prefix-caching", None)
+            flags["effective:enable_prefix_caching"] = eng.enable_prefix_caching
         command: Any = {"model": cmd.model, "flags": dict(sorted(flags.items()))}
     else:
         command = list(ev.argv)
-    env = dig(ev.fingerprint, "env") or {}
     config: dict[str, Any] = {
         "command": command,
-        "env": dict(sorted(env.items())) if isinstance(env, Mapping) else {},
-        "image_ref": dig(ev.fingerprint, "container.image_ref"),
+        "env": dict(sorted(ev.fingerprint.env.items())),
+        "image_ref": ev.fingerprint.container.image_ref,
     }
     base = _digest(config)
     sig = request_signature(ev)
@@ -212,36 +223,35 @@ def _row(ev: Evidence, env: Environment, config_id: str, boundaries: str) -> dic
     ff = ev.first_failure or {}
     sig = request_signature(ev)
     cmd = serve_command(ev.argv)
-    devices = dig(fp, "gpus.devices") or []
-    names = sorted({str(d.get("name")) for d in devices if isinstance(d, Mapping)})
-    req = next((r for r in ev.requests if r.get("kind") == "fixed"), None) or (
+    names = sorted({str(d.name) for d in fp.gpus.devices})
+    req = next((r for r in ev.requests if r.kind == "fixed"), None) or (
         ev.requests[0] if ev.requests else None)
+    others = other_gpu_processes(ev)
     row: dict[str, Any] = {
         "run": ev.label,
         "environment": env,
-        "host": dig(fp, "host.hostname"),
+        "host": fp.host.hostname,
         "config": config_id,
         "model": str(cmd.model) if cmd is not None and cmd.model else None,
         "flags": _flags_text(ev),
-        "gpus": len(devices) if dig(fp, "gpus.source") == "nvml" else None,
+        "gpus": fp.gpus.count,
         "gpu_name": ", ".join(names) or None,
         "input_length": _int(sig.get("input_length")),
         "max_tokens": _int(sig.get("max_tokens")),
         "concurrency": _int(sig.get("concurrency")),
-        "other_gpu_processes": len(other_gpu_processes(ev)),
+        "other_gpu_processes": None if others is None else len(others),
         "within_boundaries": boundaries,
         "first_failure_stage": ff.get("stage"),
         "first_failure_category": ff.get("category"),
         "first_failure_rule": ff.get("rule"),
         "last_stage": ev.last_stage_reached,
-        "exit_code": _int(ev.launch.get("exit_code")),
-        "request_status": _int(req.get("status")) if req else None,
+        "exit_code": ev.launch.exit_code,
+        "request_status": req.status if req else None,
         "signature": _signature(ev),
-        "image_ref": dig(fp, "container.image_ref"),
+        "image_ref": fp.container.image_ref,
     }
-    for name, path in _PINNED:
-        v = dig(fp, path)
-        row[name] = None if v is None else str(v)
+    for name, get in _PINNED:
+        row[name] = get(fp)
     return {k: _cell(row.get(k), t) for k, t in _RUN_SCHEMA.items()}
 
 
@@ -265,96 +275,148 @@ def _cell(value: Any, dtype: Any) -> Any:
 
 def _decide(frame: pl.DataFrame, groups: Sequence[RunGroup],
             evs: Mapping[str, Evidence]) -> Decision:
-    reasons: list[str] = []
-    evidence: list[str] = []
+    """The seed's decision, stating only reasons the runs carry evidence for."""
     original = [g for g in groups if g.environment == "original"]
     isolated = [g for g in groups if g.environment == "isolated"]
+    hosts = {r["run"]: r["host"] for r in frame.select("run", "host").iter_rows(named=True)}
+    upstream = _hand_off(original, isolated, hosts, frame)
+    if upstream is not None:
+        return upstream
+    for ig in isolated:
+        twin = next((g for g in original if g.config == ig.config), None)
+        if twin is not None and set(ig.signatures) == {"ok"} and any(
+                s != "ok" for s in twin.signatures):
+            return Decision("keep_fixing_here", (
+                "the same configuration starts cleanly in the isolated environment but fails "
+                "on the original cluster: look at the cluster's driver leftovers, device "
+                "exposure, network, permissions and shared memory",), (
+                f"original runs {', '.join(twin.runs)}: {_counts(twin.signatures)}",
+                f"isolated runs {', '.join(ig.runs)}: {_counts(ig.signatures)}"))
+    move, evidence, outside = _move_reasons(frame, original, evs)
+    if move:
+        return Decision("move_to_isolated", tuple(dict.fromkeys(move + outside)),
+                        tuple(evidence))
+    keep = _keep_fixing(original, evs, frame, evidence)
+    if outside:
+        # outside the boundary first; what the repeats show is still said
+        return Decision("keep_fixing_here", (
+            *outside, "bring the environment within the official compatibility boundaries "
+            "first (kk3evidence check), then repeat", *keep.reasons), keep.evidence)
+    return keep
 
-    # Hand off upstream: the same failure reproduces in the isolated environment.
+
+def _hand_off(original: Sequence[RunGroup], isolated: Sequence[RunGroup],
+              hosts: Mapping[str, str | None], frame: pl.DataFrame) -> Decision | None:
+    """Hand off upstream only when the same failure reproduces on a different, isolated host
+    and is not in the user's own configuration (config, port, weights)."""
     for ig in isolated:
         failing = [s for s in ig.signatures if s != "ok"]
         if len(ig.signatures) != 1 or not failing:
             continue
         sig = failing[0]
         twin = next((g for g in original if g.config == ig.config), None)
-        if twin is not None and sig in twin.signatures:
-            reasons.append(f"the same failure ({sig}) reproduces in the isolated environment "
-                           f"with the same configuration {ig.config}")
-            evidence.append(f"original runs {', '.join(twin.runs)}: "
-                            f"{_counts(twin.signatures)}")
-            evidence.append(f"isolated runs {', '.join(ig.runs)}: {_counts(ig.signatures)}")
-            return Decision("hand_off_upstream", tuple(reasons), tuple(evidence))
-        if twin is None and len(ig.runs) >= 2:
-            reasons.append(f"the failure {sig} repeats in every isolated run of configuration "
-                           f"{ig.config} (no original-cluster run of the same configuration to "
-                           "match it against)")
-            evidence.append(f"isolated runs {', '.join(ig.runs)}: {_counts(ig.signatures)}")
-            return Decision("hand_off_upstream", tuple(reasons), tuple(evidence))
+        if twin is None or sig not in twin.signatures:
+            continue
+        category = sig.split("/")[1] if sig.count("/") >= 2 else None
+        iso_hosts = {hosts.get(r) for r in ig.runs}
+        orig_hosts = {hosts.get(r) for r in twin.runs}
+        facts = (f"original runs {', '.join(twin.runs)}: {_counts(twin.signatures)}",
+                 f"isolated runs {', '.join(ig.runs)}: {_counts(ig.signatures)}")
+        if None in iso_hosts or None in orig_hosts or iso_hosts & orig_hosts:
+            return Decision("keep_fixing_here", (
+                f"the failure {sig} repeats, but the run marked isolated is not on a different "
+                "host (same or unknown hostname): rerun on a separate, isolated host before "
+                "handing it off",), (
+                *facts, f"hosts: original {sorted(map(str, orig_hosts))}, isolated "
+                f"{sorted(map(str, iso_hosts))}"))
+        if category in _USER_CATEGORIES:
+            return Decision("keep_fixing_here", (
+                f"the failure {sig} reproduces on an isolated host, but it is a {category} "
+                "failure: it lies in this configuration (flags, port, weights), not in vLLM; "
+                "fix the configuration",), facts)
+        return Decision("hand_off_upstream", (
+            f"the same failure ({sig}) reproduces on a different, isolated host with the same "
+            f"configuration {ig.config}",), facts)
+    return None
 
-    # Isolated runs pass where the original cluster fails: the cluster is the suspect.
-    for ig in isolated:
-        twin = next((g for g in original if g.config == ig.config), None)
-        if twin is not None and set(ig.signatures) == {"ok"} and any(
-                s != "ok" for s in twin.signatures):
-            reasons.append("the same configuration starts cleanly in the isolated environment "
-                           "but fails on the original cluster: look at the cluster's driver "
-                           "leftovers, device exposure, network, permissions and shared memory")
-            evidence.append(f"original runs {', '.join(twin.runs)}: {_counts(twin.signatures)}")
-            evidence.append(f"isolated runs {', '.join(ig.runs)}: {_counts(ig.signatures)}")
-            return Decision("keep_fixing_here", tuple(reasons), tuple(evidence))
 
-    move_reasons: list[str] = []
-    boundary_failures: list[str] = []
+def _move_reasons(frame: pl.DataFrame, original: Sequence[RunGroup],
+                  evs: Mapping[str, Evidence]) -> tuple[list[str], list[str], list[str]]:
+    move: list[str] = []
+    evidence: list[str] = []
+    outside: list[str] = []
     for g in original:
         rows = frame.filter(pl.col("run").is_in(list(g.runs)))
         within = set(rows["within_boundaries"].to_list())
-        if g.stability == "varies":
-            if "no" in within:
-                boundary_failures.append(
-                    f"configuration {g.config}: failure point varies ({_counts(g.signatures)}) "
-                    "but the runs are outside the official boundaries")
-            else:
-                note = "" if within == {"yes"} else " (boundaries could not be fully checked)"
-                move_reasons.append(f"(1) the failure point varies run to run within the "
-                                    f"official boundaries{note}")
-                evidence.append(f"configuration {g.config}, runs {', '.join(g.runs)}: "
-                                f"{_counts(g.signatures)}")
-        if g.varying_fingerprint:
-            move_reasons.append("(2) runs meant to be identical have different fingerprints: "
-                                "the driver or container cannot be pinned")
-            for k, vals in g.varying_fingerprint.items():
-                evidence.append(f"configuration {g.config}: {k} varies: {', '.join(vals)}")
-    busy = [(name, procs) for name, ev in evs.items()
-            if frame.filter(pl.col("run") == name)["environment"].to_list() == ["original"]
-            and (procs := other_gpu_processes(ev))]
-    if busy:
-        move_reasons.append("(3) other jobs use the GPUs, so a single-variable experiment is "
-                            "not possible")
-        for name, procs in busy[:5]:
-            evidence.append(f"{name}: {'; '.join(procs[:3])}"
-                            + (f" (+{len(procs) - 3} more)" if len(procs) > 3 else ""))
-    if move_reasons:
-        return Decision("move_to_isolated", tuple(dict.fromkeys(move_reasons)), tuple(evidence))
-
-    if boundary_failures:
-        reasons.append("bring the environment within the official compatibility boundaries "
-                       "first (kk3evidence check), then repeat")
-        return Decision("keep_fixing_here", tuple(reasons), tuple(boundary_failures))
-    stable = [g for g in original if g.stability == "stable"]
-    if stable:
-        for g in stable:
+        if "no" in within:
+            outside.append(f"configuration {g.config} runs outside the official compatibility "
+                           "boundaries (kk3evidence check fails)")
+            evidence.append(f"configuration {g.config}, runs {', '.join(g.runs)}: "
+                            f"{_counts(g.signatures)}; outside the boundaries")
+        elif g.stability == "varies":
+            note = "" if within == {"yes"} else " (boundaries could not be fully checked)"
+            move.append(f"(1) the failure point varies run to run within the official "
+                        f"boundaries{note}")
             evidence.append(f"configuration {g.config}, runs {', '.join(g.runs)}: "
                             f"{_counts(g.signatures)}")
+        if g.varying_fingerprint:
+            move.append("(2) runs meant to be identical have different fingerprints: the "
+                        "driver or container cannot be pinned")
+            for k, vals in g.varying_fingerprint.items():
+                evidence.append(f"configuration {g.config}: {k} varies: {', '.join(vals)}")
+    busy = _busy(frame, evs)
+    if busy:
+        move.append("(3) other jobs use the GPUs or the node, so a single-variable experiment "
+                    "is not possible")
+        evidence.extend(busy[:5])
+    return move, evidence, outside
+
+
+def _original_runs(frame: pl.DataFrame, evs: Mapping[str, Evidence]) -> list[tuple[str, Evidence]]:
+    names = set(frame.filter(pl.col("environment") == "original")["run"].to_list())
+    return [(n, ev) for n, ev in evs.items() if n in names]
+
+
+def _busy(frame: pl.DataFrame, evs: Mapping[str, Evidence]) -> list[str]:
+    """Other work on the GPUs or node, from NVML process lists or the recorded notes."""
+    out: list[str] = []
+    for name, ev in _original_runs(frame, evs):
+        procs = other_gpu_processes(ev)
+        if procs:
+            out.append(f"{name}: {'; '.join(procs[:3])}"
+                       + (f" (+{len(procs) - 3} more)" if len(procs) > 3 else ""))
+        noted = [t for t in ev.notes.texts if _BUSY_NOTE.search(t)]
+        if noted:
+            out.append(f"{name}: notes say {noted[0]!r}")
+    return out
+
+
+def _keep_fixing(original: Sequence[RunGroup], evs: Mapping[str, Evidence],
+                 frame: pl.DataFrame, evidence: list[str]) -> Decision:
+    runs = _original_runs(frame, evs)
+    unknown = [n for n, ev in runs if other_gpu_processes(ev) is None]
+    quiet = ("no other jobs seen on the GPUs" if not unknown else
+             "GPU occupancy unknown (no NVML process list) for " + ", ".join(unknown[:3]))
+    stable = [g for g in original if g.stability == "stable"]
+    reasons: list[str] = []
+    if stable:
+        evidence.extend(f"configuration {g.config}, runs {', '.join(g.runs)}: "
+                        f"{_counts(g.signatures)}" for g in stable)
+        names = [r for g in stable for r in g.runs]
+        pinned = frame.filter(pl.col("run").is_in(names)).select([n for n, _ in _PINNED])
+        # "unchanged" only when something was recorded to compare
+        fp = ("an unchanged fingerprint" if any(v is not None for col in pinned.iter_columns()
+                                                 for v in col) else
+              "no driver/image/vLLM versions recorded to compare")
         if any(s != "ok" for g in stable for s in g.signatures):
-            reasons.append("the failure repeats at the same stage in a pinned environment with "
-                           "no other jobs: keep changing one variable at a time here")
+            reasons.append(f"the failure repeats at the same stage ({fp}; {quiet}): keep "
+                           "changing one variable at a time here")
         else:
-            reasons.append("the same configuration starts cleanly on every repeat in a pinned "
-                           "environment with no other jobs: keep restoring one variable at a "
-                           "time here")
+            reasons.append(f"the same configuration starts cleanly on every repeat ({fp}; "
+                           f"{quiet}): keep restoring one variable at a time here")
     else:
         reasons.append("no repeated configuration yet: run the same configuration again to "
-                       "see whether the first failing stage is stable")
+                       f"see whether the first failing stage is stable ({quiet})")
         evidence.extend(f"configuration {g.config}: {', '.join(g.runs)} -> "
                         f"{_counts(g.signatures)}" for g in original)
     return Decision("keep_fixing_here", tuple(reasons), tuple(evidence))

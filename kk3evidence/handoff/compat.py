@@ -23,7 +23,8 @@ from kk3evidence.bundle.schema import load_toml
 from kk3evidence.errors import EXIT_INCOMPATIBLE, EXIT_OK, RuleError, UsageError
 from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.diff import serve_command
-from kk3evidence.handoff.evidence import Evidence, dig
+from kk3evidence.handoff.evidence import Evidence
+from kk3evidence.handoff.records import Fingerprint
 from kk3evidence.model import FORMAT_IDS
 
 __all__ = [
@@ -232,21 +233,21 @@ def container_cuda(ev: Evidence) -> tuple[tuple[int, ...] | None, list[str]]:
     """
     evidence: list[str] = []
     found: tuple[int, ...] | None = None
-    torch_cuda = dig(ev.fingerprint, "python.torch_cuda")
+    torch_cuda = ev.fingerprint.python.torch_cuda
     if torch_cuda:
         v = parse_version(torch_cuda)
         evidence.append(f"fingerprint python.torch_cuda: {torch_cuda}")
         if v:
             found = v[:2]
-    for lib in ev.fingerprint.get("libraries") or []:
-        if isinstance(lib, Mapping) and str(lib.get("name", "")).startswith("libcudart"):
-            ver = lib.get("version") or _soname_version(str(lib.get("name")))
-            evidence.append(f"fingerprint libraries {lib.get('name')}: {ver or '?'}")
+    for lib in ev.fingerprint.libraries:
+        if lib.name.startswith("libcudart"):
+            ver = lib.version or _soname_version(lib.name)
+            evidence.append(f"fingerprint libraries {lib.name}: {ver or '?'}")
             v = parse_version(ver)
             if found is None and v:
                 found = v[:2]
-    ref = dig(ev.fingerprint, "container.image_ref")
-    if isinstance(ref, str):
+    ref = ev.fingerprint.container.image_ref
+    if ref is not None:
         m = _TAG_FLAVOUR.search(ref)
         if m:
             evidence.append(f"fingerprint container.image_ref: {ref}")
@@ -284,17 +285,16 @@ def visible_gpus(ev: Evidence) -> tuple[int | None, list[str]]:
     """How many GPUs the served program can see, and the evidence."""
     fp = ev.fingerprint
     evidence: list[str] = []
-    count = dig(fp, "python.cuda_device_count")
-    if isinstance(count, int):
+    count = fp.python.cuda_device_count
+    if count is not None:
         evidence.append(f"fingerprint python.cuda_device_count: {count}")
         return count, evidence
-    source = dig(fp, "gpus.source")
-    devices = dig(fp, "gpus.devices")
-    if source == "nvml" and isinstance(devices, list):
-        n = len(devices)
+    source = fp.gpus.source
+    if fp.gpus.nvml:
+        n = len(fp.gpus.devices)
         evidence.append(f"fingerprint gpus.devices (NVML): {n}")
-        cvd = dig(fp, "env.CUDA_VISIBLE_DEVICES")
-        if isinstance(cvd, str):
+        cvd = fp.env.get("CUDA_VISIBLE_DEVICES")
+        if cvd is not None:
             evidence.append(f"fingerprint env.CUDA_VISIBLE_DEVICES: {cvd!r}")
             ids = [x for x in cvd.split(",") if x.strip()]
             n = min(n, len(ids)) if cvd.strip() not in ("", "all") else n
@@ -307,10 +307,27 @@ def visible_gpus(ev: Evidence) -> tuple[int | None, list[str]]:
 
 
 def _gpu_names(ev: Evidence) -> list[str]:
-    devices = dig(ev.fingerprint, "gpus.devices")
-    if not isinstance(devices, list):
-        return []
-    return [str(d.get("name") or "") for d in devices if isinstance(d, Mapping)]
+    return [d.name or "" for d in ev.fingerprint.gpus.devices]
+
+
+def cpu_build(ev: Evidence) -> list[str] | None:
+    """The proof that the run used a CPU build of vLLM/PyTorch (a ``+cpu`` version, NVML
+    absent), as evidence lines; None when there is no such proof."""
+    py = ev.fingerprint.python
+    proof = [f"fingerprint python.{k}: {v}" for k, v in (
+        ("torch_version", py.torch_version), ("vllm_version", py.vllm_version))
+        if v is not None and v.endswith("+cpu")]
+    if not proof or ev.fingerprint.gpus.nvml:
+        return None
+    return [*proof, f"fingerprint gpus.source: {ev.fingerprint.gpus.source or 'absent'} "
+            "(no NVML)"]
+
+
+def _cpu_fail(ev: Evidence, what: str, evidence: list[str]) -> Outcome | None:
+    proof = cpu_build(ev)
+    if proof is None:
+        return None
+    return "fail", f"CPU build: {what}", evidence + proof
 
 
 # --- the checks ------------------------------------------------------------------------------
@@ -322,7 +339,9 @@ def _check_image_flavour(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     allowed = [str(x) for x in p.get("allowed") or []]
     cuda, evidence = container_cuda(ev)
     if cuda is None:
-        return "unknown", "the container's CUDA version is not in the fingerprint", evidence
+        return _cpu_fail(ev, f"not a CUDA build at all (allowed: {', '.join(allowed)})",
+                         evidence) or (
+            "unknown", "the container's CUDA version is not in the fingerprint", evidence)
     flavour = _flavour_of_cuda(cuda)
     if flavour in allowed:
         return "pass", f"container CUDA {_vstr(cuda)} is a {flavour} build", evidence
@@ -331,35 +350,53 @@ def _check_image_flavour(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
 
 
 def _driver(ev: Evidence) -> tuple[tuple[int, ...] | None, list[str]]:
-    drv = dig(ev.fingerprint, "gpus.driver_version")
+    drv = ev.fingerprint.gpus.driver_version
     if not drv:
-        src = dig(ev.fingerprint, "gpus.source")
+        src = ev.fingerprint.gpus.source
         return None, [f"fingerprint gpus.source: {src}"] if src else []
     return parse_version(drv), [f"fingerprint gpus.driver_version: {drv}"]
 
 
 def _driver_text(ev: Evidence) -> str:
-    return str(dig(ev.fingerprint, "gpus.driver_version"))
+    return str(ev.fingerprint.gpus.driver_version)
 
 
 def _check_driver_branch(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     need = int(p["min_branch"])
     drv, evidence = _driver(ev)
     if drv is None:
-        return "unknown", "no NVIDIA driver version in the fingerprint", evidence
+        return _cpu_fail(ev, f"no NVIDIA driver in use (needs r{need}+)", evidence) or (
+            "unknown", "no NVIDIA driver version in the fingerprint", evidence)
     if drv[0] >= need:
         return "pass", f"driver branch r{drv[0]} >= r{need}", evidence
     return "fail", f"driver branch r{drv[0]} is older than r{need}", evidence
 
 
+#: fingerprint fields a ``version_at_least`` rule may name (rule data stays dotted strings)
+_VERSION_FIELDS: dict[str, Callable[[Fingerprint], str | None]] = {
+    "python.vllm_version": lambda f: f.python.vllm_version,
+    "python.torch_version": lambda f: f.python.torch_version,
+    "python.torch_cuda": lambda f: f.python.torch_cuda,
+    "python.nccl_version": lambda f: f.python.nccl_version,
+    "python.python_version": lambda f: f.python.python_version,
+    "gpus.driver_version": lambda f: f.gpus.driver_version,
+    "gpus.cuda_driver_version": lambda f: f.gpus.cuda_driver_version,
+    "host.kernel": lambda f: f.host.kernel,
+}
+
+
 def _check_version_at_least(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     field_ = str(p["field"])
     what = str(p.get("what") or field_)
-    raw = dig(ev.fingerprint, field_)
+    raw = _VERSION_FIELDS[field_](ev.fingerprint)
     evidence = [f"fingerprint {field_}: {raw}"] if raw else []
     have, need = parse_version(raw), parse_version(p["min"])
     if have is None or need is None:
         return "unknown", f"{what} version is not in the fingerprint", evidence
+    if raw is not None and raw.endswith("+cpu"):
+        # A CPU build is outside a GPU recipe's version boundary, whatever its number.
+        return ("fail", f"{what} {raw} is a CPU build; the boundary is a CUDA build "
+                f">= {p['min']}", evidence)
     if have >= need:
         return "pass", f"{what} {raw} >= {p['min']}", evidence
     return "fail", f"{what} {raw} is older than {p['min']}", evidence
@@ -408,7 +445,8 @@ def _check_parallel_fits(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     evidence = [f"launch argv: tp={tp} pp={pp} local dp={dp_local} -> {world} ranks"]
     count, ev_gpus = visible_gpus(ev)
     evidence += ev_gpus
-    if count is None or (count == 0 and dig(ev.fingerprint, "gpus.source") != "nvml"):
+    if count is None or (count == 0 and not ev.fingerprint.gpus.nvml
+                         and cpu_build(ev) is None):
         return "unknown", "no GPU inventory in the fingerprint (CPU run or NVML absent)", evidence
     if world <= count:
         return "pass", f"{world} ranks fit on {count} visible GPUs", evidence
@@ -427,7 +465,8 @@ def _check_cuda_driver_floor(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     drv, ev_drv = _driver(ev)
     evidence += ev_drv
     if cuda is None:
-        return "unknown", "the container's CUDA version is not in the fingerprint", evidence
+        return _cpu_fail(ev, "no CUDA runtime and no NVIDIA driver", evidence) or (
+            "unknown", "the container's CUDA version is not in the fingerprint", evidence)
     if drv is None:
         return "unknown", f"container CUDA {_vstr(cuda)}, but no host driver version", evidence
     floor = floors.get(cuda[:2])
@@ -444,10 +483,13 @@ def _check_cuda_driver_floor(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
 
 def _check_runtime_le_driver(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     cuda, evidence = container_cuda(ev)
-    raw = dig(ev.fingerprint, "gpus.cuda_driver_version")
-    drv_cuda = parse_version(raw)
+    raw = ev.fingerprint.gpus.cuda_driver_version
+    drv_cuda = parse_version(int(raw) if raw is not None and raw.isdigit() else raw)
     if raw is not None:
         evidence.append(f"fingerprint gpus.cuda_driver_version: {raw}")
+    if cuda is None and drv_cuda is None:
+        return _cpu_fail(ev, "no CUDA runtime and no NVIDIA driver", evidence) or (
+            "unknown", "container CUDA or NVML CUDA driver version missing", evidence)
     if cuda is None or drv_cuda is None:
         return "unknown", "container CUDA or NVML CUDA driver version missing", evidence
     if cuda[:2] <= drv_cuda[:2]:
@@ -484,8 +526,8 @@ def _check_flag_value(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
 
 def _check_env_at_least(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     name, need = str(p["name"]), int(p["min"])
-    env = dig(ev.fingerprint, "env")
-    if not isinstance(env, Mapping):
+    env = ev.fingerprint.env
+    if "env" not in ev.fingerprint.raw:
         return "unknown", "no environment variables in the fingerprint", []
     raw = env.get(name)
     evidence = [f"fingerprint env.{name}: {raw if raw is not None else '(unset)'}"]
@@ -502,13 +544,13 @@ def _check_env_at_least(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
 
 def _check_image_ref_is(ev: Evidence, p: Mapping[str, Any]) -> Outcome:
     want = str(p["ref"])
-    ref = dig(ev.fingerprint, "container.image_ref")
+    ref = ev.fingerprint.container.image_ref
     if not ref:
-        runtime = dig(ev.fingerprint, "container.runtime")
+        runtime = ev.fingerprint.container.runtime
         return ("unknown", "no image reference in the fingerprint",
                 [f"fingerprint container.runtime: {runtime}"] if runtime else [])
     evidence = [f"fingerprint container.image_ref: {ref}"]
-    image_id = dig(ev.fingerprint, "container.image_id")
+    image_id = ev.fingerprint.container.image_id
     if image_id:
         evidence.append(f"fingerprint container.image_id: {image_id}")
     bare = str(ref).removeprefix("docker.io/")
@@ -534,8 +576,8 @@ _CHECKS: dict[str, Callable[[Evidence, Mapping[str, Any]], Outcome]] = {
 
 def _served_model(ev: Evidence) -> list[str]:
     names = []
-    if ev.launch.get("served_model"):
-        names.append(str(ev.launch["served_model"]))
+    if ev.launch.served_model:
+        names.append(ev.launch.served_model)
     cmd = serve_command(ev.argv)
     if cmd is not None:
         names += [str(n) for n in cmd.served_model_names]

@@ -8,21 +8,29 @@ container hostnames, probe timings). Differences that follow from another change
 brings a new vLLM and PyTorch; a new driver brings a new NVML/CUDA-driver version) are listed
 but attributed to that change instead of being counted twice.
 
-Pure: works on :class:`kk3evidence.handoff.evidence.Evidence` (dicts), so it runs anywhere.
+A flag whose value equals what the engine reported it runs with on both sides (``engine_config``,
+e.g. ``--enable-prefix-caching`` on vLLM's V1 engine where prefix caching is on by default) is
+not a change: it is listed as an equivalence.
+
+Pure: works on :class:`kk3evidence.handoff.evidence.Evidence` (typed records), so it runs
+anywhere.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
+from kk3evidence.analysis.engine_config import EngineConfig
 from kk3evidence.errors import EXIT_OK, EXIT_SEVERAL_CHANGED, InputError
 from kk3evidence.handoff import evidence as _evidence
-from kk3evidence.handoff.evidence import Evidence, dig
+from kk3evidence.handoff.evidence import Evidence
+from kk3evidence.handoff.records import Fingerprint, Library, Request
 from kk3evidence.model import FORMAT_IDS
 
 __all__ = ["Change", "DiffResult", "diff", "diff_evidence"]
@@ -150,46 +158,41 @@ def _show(value: Any) -> str:
 
 # --- fingerprint -------------------------------------------------------------------------
 
-# (dotted path in fingerprint.json, label, explained by which counted variable when it changed)
-_FP_FIELDS: tuple[tuple[str, str, str | None], ...] = (
-    ("host.kernel", "kernel", None),
-    ("host.os", "OS", None),
-    ("host.arch", "CPU architecture", None),
-    ("host.cpu_count", "CPU count", None),
-    ("host.mem_total_bytes", "host memory", None),
-    ("gpus.driver_version", "NVIDIA driver", None),
-    ("gpus.cuda_driver_version", "CUDA driver version (NVML)", "gpus.driver_version"),
-    ("gpus.nvml_version", "NVML version", "gpus.driver_version"),
-    ("container.runtime", "container runtime", None),
-    ("container.image_ref", "image reference", None),
-    ("container.image_id", "image id", None),
-    ("python.interpreter", "Python interpreter", "image"),
-    ("python.python_version", "Python version", "image"),
-    ("python.vllm_version", "vLLM version", "image"),
-    ("python.torch_version", "PyTorch version", "image"),
-    ("python.torch_cuda", "torch.version.cuda", "image"),
-    ("python.nccl_version", "NCCL version", "image"),
-    ("python.cuda_device_count", "visible GPU count (torch)", "gpus"),
+# (stable key in fingerprint.json terms, label, explained by which counted variable when it
+# changed, the field)
+_FP_FIELDS: tuple[tuple[str, str, str | None, Callable[[Fingerprint], object]], ...] = (
+    ("host.kernel", "kernel", None, lambda f: f.host.kernel),
+    ("host.os", "OS", None, lambda f: f.host.os),
+    ("host.arch", "CPU architecture", None, lambda f: f.host.arch),
+    ("host.cpu_count", "CPU count", None, lambda f: f.host.cpu_count),
+    ("host.mem_total_bytes", "host memory", None, lambda f: f.host.mem_total_bytes),
+    ("gpus.driver_version", "NVIDIA driver", None, lambda f: f.gpus.driver_version),
+    ("gpus.cuda_driver_version", "CUDA driver version (NVML)", "gpus.driver_version",
+     lambda f: f.gpus.cuda_driver_version),
+    ("gpus.nvml_version", "NVML version", "gpus.driver_version",
+     lambda f: f.gpus.nvml_version),
+    ("python.interpreter", "Python interpreter", "image", lambda f: f.python.interpreter),
+    ("python.python_version", "Python version", "image", lambda f: f.python.python_version),
+    ("python.vllm_version", "vLLM version", "image", lambda f: f.python.vllm_version),
+    ("python.torch_version", "PyTorch version", "image", lambda f: f.python.torch_version),
+    ("python.torch_cuda", "torch.version.cuda", "image", lambda f: f.python.torch_cuda),
+    ("python.nccl_version", "NCCL version", "image", lambda f: f.python.nccl_version),
+    ("python.cuda_device_count", "visible GPU count (torch)", "gpus",
+     lambda f: f.python.cuda_device_count),
 )
 
 
-def _gpu_identity(fp: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    devices = dig(fp, "gpus.devices")
-    if not isinstance(devices, list):
+def _gpu_identity(fp: Fingerprint) -> list[dict[str, Any]] | None:
+    if fp.gpus.source is None:  # no GPU section at all (0.1 bundle, probe missing)
         return None
-    keep = ("name", "uuid", "pci_bus_id", "memory_total_bytes", "compute_capability", "mig_mode",
-            "ecc_mode")
-    return [{k: d.get(k) for k in keep if isinstance(d, Mapping)} for d in devices]
+    return [{"name": d.name, "uuid": d.uuid, "pci_bus_id": d.pci_bus_id,
+             "memory_total_bytes": d.memory_total_bytes,
+             "compute_capability": d.compute_capability, "mig_mode": d.mig_mode,
+             "ecc_mode": d.ecc_mode} for d in fp.gpus.devices]
 
 
-def _libraries(fp: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    libs = fp.get("libraries")
-    out: dict[str, dict[str, Any]] = {}
-    if isinstance(libs, list):
-        for lib in libs:
-            if isinstance(lib, Mapping) and lib.get("name"):
-                out[str(lib["name"])] = {"version": lib.get("version"), "path": lib.get("path")}
-    return out
+def _libraries(fp: Fingerprint) -> dict[str, Library]:
+    return {lib.name: lib for lib in fp.libraries if lib.name}
 
 
 def _is_driver_library(name: str) -> bool:
@@ -202,15 +205,15 @@ _ONE_SIDED = "recorded on one side only: cannot tell whether it changed"
 def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored]) -> None:
     fa, fb = a.fingerprint, b.fingerprint
     # The container runtime is always known: None means no container was detected.
-    rt_a, rt_b = dig(fa, "container.runtime"), dig(fb, "container.runtime")
+    rt_a, rt_b = fa.container.runtime, fb.container.runtime
     runtime_changed = rt_a != rt_b
     if runtime_changed:
         out.append(Change("fingerprint:container.runtime", "fingerprint", rt_a, rt_b,
                           "container runtime"))
     image_changed = runtime_changed
     image_label = "container runtime"
-    ref_a, ref_b = dig(fa, "container.image_ref"), dig(fb, "container.image_ref")
-    id_a, id_b = dig(fa, "container.image_id"), dig(fb, "container.image_id")
+    ref_a, ref_b = fa.container.image_ref, fb.container.image_ref
+    id_a, id_b = fa.container.image_id, fb.container.image_id
     # The image: compare by id when both sides know it (a tag can move); a renamed tag with the
     # same id is not a change.
     if id_a and id_b:
@@ -244,7 +247,7 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
             else:
                 ign.append(Ignored(what, va, vb, _ONE_SIDED))
 
-    driver_changed = dig(fa, "gpus.driver_version") != dig(fb, "gpus.driver_version")
+    driver_changed = fa.gpus.driver_version != fb.gpus.driver_version
     gpus_a, gpus_b = _gpu_identity(fa), _gpu_identity(fb)
     gpus_changed = gpus_a != gpus_b and gpus_a is not None and gpus_b is not None
     if gpus_changed:
@@ -253,12 +256,10 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
     elif gpus_a != gpus_b:
         ign.append(Ignored("GPUs", _gpu_summary(gpus_a), _gpu_summary(gpus_b), _ONE_SIDED))
 
-    cvd_changed = dig(a.fingerprint, "env.CUDA_VISIBLE_DEVICES") != dig(
-        b.fingerprint, "env.CUDA_VISIBLE_DEVICES")
-    for path, label, cause in _FP_FIELDS:
-        if path.startswith("container."):
-            continue
-        va, vb = dig(fa, path), dig(fb, path)
+    cvd_changed = fa.env.get("CUDA_VISIBLE_DEVICES") != fb.env.get("CUDA_VISIBLE_DEVICES")
+    for path, label, cause, get in _FP_FIELDS:
+        va = cast(Any, get(fa))
+        vb = cast(Any, get(fb))
         if va == vb:
             continue
         explained: str | None = None
@@ -285,7 +286,7 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
         libs_a, libs_b = {}, {}
     for name in sorted(set(libs_a) | set(libs_b)):
         la, lb = libs_a.get(name), libs_b.get(name)
-        if la == lb:
+        if (la and (la.version, la.path)) == (lb and (lb.version, lb.path)):
             continue
         explained = None
         if _is_driver_library(name) and driver_changed:
@@ -296,12 +297,12 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
                           _lib_show(lb), f"loaded library {name}", explained_by=explained))
 
     # Noise: recorded so a reader sees it was looked at.
-    for path, why in (
-        ("collected_at", "timestamp"),
-        ("host.hostname", "container and pod hostnames are random; host identity is judged by "
-                          "kernel, driver and GPU UUIDs"),
+    for path, va, vb, why in (
+        ("collected_at", fa.raw.get("collected_at"), fb.raw.get("collected_at"), "timestamp"),
+        ("host.hostname", fa.host.hostname, fb.host.hostname,
+         "container and pod hostnames are random; host identity is judged by kernel, driver "
+         "and GPU UUIDs"),
     ):
-        va, vb = dig(fa, path), dig(fb, path)
         if va != vb:
             ign.append(Ignored(f"fingerprint {path}", va, vb, why))
     mem_a, mem_b = _gpu_dynamic(fa), _gpu_dynamic(fb)
@@ -310,14 +311,11 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
                            "changes from moment to moment; see notes.cluster for other jobs"))
 
 
-def _gpu_dynamic(fp: Mapping[str, Any]) -> list[Any] | None:
-    devices = dig(fp, "gpus.devices")
-    if not isinstance(devices, list):
+def _gpu_dynamic(fp: Fingerprint) -> list[Any] | None:
+    if fp.gpus.source is None:
         return None
-    return [
-        {"used": d.get("memory_used_bytes"), "processes": len(d.get("processes") or [])}
-        for d in devices if isinstance(d, Mapping)
-    ]
+    return [{"used": d.memory_used_bytes, "processes": len(d.processes)}
+            for d in fp.gpus.devices]
 
 
 def _gpu_summary(gpus: list[dict[str, Any]] | None) -> str | None:
@@ -332,12 +330,10 @@ def _gpu_summary(gpus: list[dict[str, Any]] | None) -> str | None:
     return f"{len(gpus)}x [" + ", ".join(parts) + "]"
 
 
-def _lib_show(lib: Mapping[str, Any] | None) -> str | None:
+def _lib_show(lib: Library | None) -> str | None:
     if lib is None:
         return None
-    version = lib.get("version")
-    path = lib.get("path")
-    return f"{version or '?'} at {path or '?'}"
+    return f"{lib.version or '?'} at {lib.path or '?'}"
 
 
 # --- command line --------------------------------------------------------------------------
@@ -381,7 +377,13 @@ def _diff_command(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored
                   f"'{' '.join(cb.program)}' in B (the vLLM build is compared in the fingerprint)")
     changes = vllm_args.flag_diff(ca, cb)
     changed = {c.name for c in changes}
+    ea, eb = a.engine_config, b.engine_config
     for c in changes:
+        same = _same_effective(c.name, ea, eb)
+        if same is not None:
+            eq.append(f"--{c.name} given differently, but the engine reported "
+                      f"{same} in both runs: not a change")
+            continue
         if c.name == "model":
             out.append(Change("argv:model", "command", c.a, c.b, "model"))
             continue
@@ -417,6 +419,29 @@ def _diff_command(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored
                               detail="set on the command line"))
 
 
+# Flags whose effective value vLLM reports at start (engine_config); unset flags take a
+# default decided at start-up, so argv alone cannot tell whether the value changed.
+_EFFECTIVE: dict[str, Callable[[EngineConfig], object]] = {
+    "enable-prefix-caching": lambda e: e.enable_prefix_caching,
+    "no-enable-prefix-caching": lambda e: e.enable_prefix_caching,
+    "enable-chunked-prefill": lambda e: e.enable_chunked_prefill,
+    "max-model-len": lambda e: e.max_model_len,
+    "tensor-parallel-size": lambda e: e.tensor_parallel_size,
+}
+
+
+def _same_effective(name: str, ea: EngineConfig | None, eb: EngineConfig | None) -> str | None:
+    """``"enable_prefix_caching=True"`` when both engines reported the same value for the
+    flag's setting, else None (unknown on a side, or really different)."""
+    get = _EFFECTIVE.get(name)
+    if get is None or ea is None or eb is None:
+        return None
+    va, vb = get(ea), get(eb)
+    if va is None or va != vb:
+        return None
+    return f"{name.removeprefix('no-').replace('-', '_')}={va}"
+
+
 def _spelling(argv: Sequence[str]) -> list[str]:
     return [str(t) for t in argv if str(t).startswith("-")]
 
@@ -425,9 +450,7 @@ def _spelling(argv: Sequence[str]) -> list[str]:
 
 
 def _diff_env(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored]) -> None:
-    ea, eb = dig(a.fingerprint, "env") or {}, dig(b.fingerprint, "env") or {}
-    if not isinstance(ea, Mapping) or not isinstance(eb, Mapping):
-        return
+    ea, eb = a.fingerprint.env, b.fingerprint.env
     for name in sorted(set(ea) | set(eb)):
         va, vb = ea.get(name), eb.get(name)
         # Redacted values compare by placeholder: the same secret gets the same placeholder.
@@ -439,8 +462,8 @@ def _diff_env(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored]) -
 # --- request -------------------------------------------------------------------------------
 
 
-def _main_request(ev: Evidence) -> Mapping[str, Any] | None:
-    fixed = [r for r in ev.requests if r.get("kind") == "fixed"]
+def _main_request(ev: Evidence) -> Request | None:
+    fixed = [r for r in ev.requests if r.kind == "fixed"]
     pool = fixed or list(ev.requests)
     return pool[0] if pool else None
 
@@ -468,10 +491,10 @@ def _input_length(body: Mapping[str, Any]) -> int | None:
 def _concurrency(ev: Evidence) -> int | None:
     if not ev.requests:
         return None
-    levels = [r.get("concurrency") for r in ev.requests if isinstance(r.get("concurrency"), int)]
+    levels = [r.concurrency for r in ev.requests if r.concurrency is not None]
     if levels:
-        return max(int(x) for x in levels if isinstance(x, int))
-    conc = [r for r in ev.requests if r.get("kind") == "concurrency"]
+        return max(levels)
+    conc = [r for r in ev.requests if r.kind == "concurrency"]
     return len(conc) if conc else 1
 
 
@@ -480,17 +503,18 @@ def request_signature(ev: Evidence) -> dict[str, Any]:
     req = _main_request(ev)
     if req is None:
         return {}
-    body = req.get("request_body")
-    body = body if isinstance(body, Mapping) else {}
-    url = str(req.get("url") or "")
+    body = req.body
+    url = req.url or ""
     sig: dict[str, Any] = {
-        "endpoint": f"{req.get('method') or 'POST'} {urlsplit(url).path or url}",
+        "endpoint": f"{req.method or 'POST'} {urlsplit(url).path or url}",
         "input": _input_of(body),
         "input_length": _input_length(body),
         "max_tokens": body.get("max_tokens", body.get("max_completion_tokens")),
         "temperature": body.get("temperature"),
         "concurrency": _concurrency(ev),
-        "requests": sorted(f"{r.get('kind')}:{r.get('name')}" for r in ev.requests),
+        # capture's own probes (--prefix-probe) are measurements, not the operator's request
+        "requests": sorted(f"{r.kind}:{r.name}" for r in ev.requests
+                           if r.kind != "prefix_probe"),
     }
     known = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature"}
     for k in sorted(body):
@@ -509,8 +533,21 @@ _REQUEST_LABELS = {
 }
 
 
+_LADDER_SHARED = re.compile(r"^shared with ladder step (\d+) \(([^)]*)\)")
+
+
+def _ladder_request_steps(ev: Evidence) -> list[str]:
+    """Request-only ladder steps that ran on this bundle's (reused) server, from its notes."""
+    return [f"{m.group(1)} ({m.group(2)})" for n in ev.notes.notes
+            if (m := _LADDER_SHARED.match(n))]
+
+
 def _diff_request(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored]) -> None:
     sa, sb = request_signature(a), request_signature(b)
+    # A ladder step after request-only steps on A's reused server starts from their request:
+    # that difference was those steps' variable, not this one's.
+    shared = _ladder_request_steps(a)
+    reused = (f"ladder request step(s) {', '.join(shared)} on A's server" if shared else None)
     if bool(sa) != bool(sb):
         # A server that never became ready sends nothing: that is the outcome, not a change
         # of the request (the outcome group shows it).
@@ -531,7 +568,8 @@ def _diff_request(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored
             detail = f"input length {la} -> {lb} characters"
             va, vb = _short(va), _short(vb)
         label = _REQUEST_LABELS.get(key, f"request {key}")
-        out.append(Change(f"request:{key}", "request", va, vb, label, detail=detail))
+        out.append(Change(f"request:{key}", "request", va, vb, label, detail=detail,
+                          explained_by=reused))
 
 
 def _short(v: Any, n: int = 60) -> Any:
@@ -551,8 +589,8 @@ def outcome_of(ev: Evidence) -> dict[str, Any]:
         "first_failure": None if ff is None else f"{ff.get('stage')}/{ff.get('category')}",
         "first_failure_rule": None if ff is None else ff.get("rule"),
         "last_stage_reached": ev.last_stage_reached,
-        "exit_code": ev.launch.get("exit_code"),
-        "request_status": None if req is None else req.get("status"),
+        "exit_code": ev.launch.exit_code,
+        "request_status": None if req is None else req.status,
     }
 
 
@@ -570,16 +608,17 @@ def _diff_outcome(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored
     for key, label in _OUTCOME_LABELS.items():
         if oa[key] != ob[key]:
             out.append(Change(f"outcome:{key}", "outcome", oa[key], ob[key], label))
-    for key, why in (
-        ("pid", "process ids differ every run"),
-        ("started_at", "timestamp"),
-        ("ended_at", "timestamp"),
-        ("ready_seconds", "timing varies run to run; speed is not a variable"),
+    la, lb = a.launch, b.launch
+    for key, va, vb, why in (
+        ("pid", la.pid, lb.pid, "process ids differ every run"),
+        ("started_at", la.started_at, lb.started_at, "timestamp"),
+        ("ended_at", la.ended_at, lb.ended_at, "timestamp"),
+        ("ready_seconds", la.ready_seconds, lb.ready_seconds,
+         "timing varies run to run; speed is not a variable"),
     ):
-        va, vb = a.launch.get(key), b.launch.get(key)
         if va != vb:
             ign.append(Ignored(f"launch {key}", va, vb, why))
-    pa, pb = dig(a.launch, "api.port"), dig(b.launch, "api.port")
+    pa, pb = la.api_port, lb.api_port
     if pa != pb and not any(i.what == "--port" for i in ign):
         ign.append(Ignored("API port", pa, pb, "ports are chosen per run"))
 

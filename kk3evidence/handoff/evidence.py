@@ -1,7 +1,8 @@
 """One bundle's evidence, read once into memory for diff, check, report and compare.
 
-The comparison modules work on plain dicts (the JSON shapes of docs/architecture.md), so they
-can be tested without a tar file and never depend on how a bundle is stored. ``load`` reads a
+The JSON members are turned into typed records once, here (``Launch``, ``Notes``,
+``Fingerprint``, ``Request`` in :mod:`kk3evidence.handoff.records`): the comparison modules read
+fields, never dotted strings, and can be tested without a tar file. ``load`` reads a
 bundle through :func:`kk3evidence.bundle.open_bundle` (which verifies safety and hashes first),
 keeps the small JSON members, a window of log lines around the first causal failure and the
 per-line receive times, and runs the analyzer when the bundle carries no ``analysis.json``.
@@ -15,7 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kk3evidence.analysis.engine_config import EngineConfig
 from kk3evidence.errors import BundleError, InputError
+from kk3evidence.handoff.records import Fingerprint, Launch, Notes, PrefixProbe, Request
+
+__all__ = [
+    "Evidence", "Fingerprint", "Launch", "LogLine", "Notes", "Request", "coerce", "from_dicts",
+    "load", "other_gpu_processes",
+]
 
 #: lines of log kept before and after the first causal failure
 WINDOW_BEFORE = 12
@@ -30,19 +38,20 @@ class LogLine:
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """What the hand-off modules need from one bundle (all fields plain JSON-like data)."""
+    """What the hand-off modules need from one bundle, typed once at load."""
 
     source: str
     manifest: Mapping[str, Any] = field(default_factory=dict)
-    fingerprint: Mapping[str, Any] = field(default_factory=dict)
-    launch: Mapping[str, Any] = field(default_factory=dict)
-    notes: Mapping[str, Any] = field(default_factory=dict)
+    fingerprint: Fingerprint = field(default_factory=Fingerprint)
+    launch: Launch = field(default_factory=Launch)
+    notes: Notes = field(default_factory=Notes)
     analysis: Mapping[str, Any] | None = None
-    requests: tuple[Mapping[str, Any], ...] = ()
+    requests: tuple[Request, ...] = ()
     metrics: Mapping[str, str] = field(default_factory=dict)
     log_window: tuple[LogLine, ...] = ()
     log_tail: tuple[LogLine, ...] = ()
     line_times: Mapping[int, float] = field(default_factory=dict)  # line_no -> wall seconds
+    prefix_probe: PrefixProbe | None = None  # probes/prefix_probe.json, when captured
 
     @property
     def label(self) -> str:
@@ -50,8 +59,12 @@ class Evidence:
 
     @property
     def argv(self) -> list[str]:
-        argv = self.launch.get("argv")
-        return [str(a) for a in argv] if isinstance(argv, list) else []
+        return list(self.launch.argv)
+
+    @property
+    def engine_config(self) -> EngineConfig | None:
+        """What vLLM reported it runs with (SPEC §4), or None when the log has no such lines."""
+        return EngineConfig.from_json((self.analysis or {}).get("engine_config"))
 
     @property
     def first_failure(self) -> Mapping[str, Any] | None:
@@ -65,10 +78,8 @@ class Evidence:
         stage: Any = None
         if self.analysis:
             stage = self.analysis.get("last_stage_reached")
-        if stage is None:
-            reached = self.launch.get("stages_reached")
-            if isinstance(reached, list) and reached:
-                stage = reached[-1]
+        if stage is None and self.launch.stages_reached:
+            stage = self.launch.stages_reached[-1]
         return str(stage) if stage is not None else None
 
 
@@ -76,11 +87,11 @@ def from_dicts(
     source: str,
     *,
     manifest: Mapping[str, Any] | None = None,
-    fingerprint: Mapping[str, Any] | None = None,
-    launch: Mapping[str, Any] | None = None,
-    notes: Mapping[str, Any] | None = None,
+    fingerprint: Mapping[str, Any] | Fingerprint | None = None,
+    launch: Mapping[str, Any] | Launch | None = None,
+    notes: Mapping[str, Any] | Notes | None = None,
     analysis: Mapping[str, Any] | None = None,
-    requests: Sequence[Mapping[str, Any]] = (),
+    requests: Sequence[Mapping[str, Any] | Request] = (),
     metrics: Mapping[str, str] | None = None,
     log_lines: Iterable[str] | None = None,
 ) -> Evidence:
@@ -94,11 +105,12 @@ def from_dicts(
     return Evidence(
         source=source,
         manifest=dict(manifest or {}),
-        fingerprint=dict(fingerprint or {}),
-        launch=dict(launch or {}),
-        notes=dict(notes or {}),
+        fingerprint=fingerprint if isinstance(fingerprint, Fingerprint)
+        else Fingerprint.from_json(fingerprint),
+        launch=launch if isinstance(launch, Launch) else Launch.from_json(launch),
+        notes=notes if isinstance(notes, Notes) else Notes.from_json(notes),
         analysis=dict(analysis) if analysis is not None else None,
-        requests=tuple(dict(r) for r in requests),
+        requests=tuple(r if isinstance(r, Request) else Request.from_json(r) for r in requests),
         metrics=dict(metrics or {}),
         log_window=window,
         log_tail=tail,
@@ -205,15 +217,16 @@ def load(path: str | Path) -> Evidence:
         return Evidence(
             source=source,
             manifest=bundle.manifest or {},
-            fingerprint=bundle.fingerprint or {},
-            launch=bundle.launch or {},
-            notes=bundle.notes or {},
+            fingerprint=Fingerprint.from_json(bundle.fingerprint),
+            launch=Launch.from_json(bundle.launch),
+            notes=Notes.from_json(bundle.notes),
             analysis=analysis,
-            requests=tuple(bundle.requests()),
+            requests=tuple(Request.from_json(r) for r in bundle.requests()),
             metrics=metrics,
             log_window=window,
             log_tail=tail,
             line_times=_line_times(bundle, _lines_shown(analysis)),
+            prefix_probe=_prefix_probe(bundle),
         )
 
 
@@ -232,6 +245,17 @@ def _lines_shown(analysis: Mapping[str, Any] | None) -> set[int]:
     return wanted
 
 
+def _prefix_probe(bundle: Any) -> PrefixProbe | None:
+    import json
+
+    if not bundle.has("probes/prefix_probe.json"):
+        return None
+    try:
+        return PrefixProbe.from_json(json.loads(bundle.read_bytes("probes/prefix_probe.json")))
+    except (ValueError, KeyError, BundleError, InputError):
+        return None
+
+
 def _analyze(bundle: Any, source: str) -> dict[str, Any] | None:
     """Analyse the bundle's combined log when no ``analysis.json`` was stored."""
     try:
@@ -247,45 +271,21 @@ def _analyze(bundle: Any, source: str) -> dict[str, Any] | None:
     return data
 
 
-def dig(obj: Any, dotted: str) -> Any:
-    """``obj["a"]["b"]`` for ``"a.b"``, or None as soon as a level is missing or not a mapping."""
-    cur = obj
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping):
-            return None
-        cur = cur.get(part)
-    return cur
-
-
 def coerce(item: Evidence | str | Path) -> Evidence:
     return item if isinstance(item, Evidence) else load(item)
 
 
-def other_gpu_processes(ev: Evidence) -> list[str]:
-    """Processes of other jobs on the GPUs. ``notes.cluster.gpu_processes`` (written by capture,
-    which already left out the server's own process group) wins; otherwise the fingerprint's
-    per-GPU processes minus the launched pid."""
-    cluster = ev.notes.get("cluster")
-    noted = cluster.get("gpu_processes") if isinstance(cluster, Mapping) else None
-    out: list[str] = []
-    if isinstance(noted, list) and noted:
-        for p in noted:
-            if isinstance(p, Mapping):
-                used = p.get("used_memory_bytes")
-                mem = f", {used / 2**30:.1f} GiB" if isinstance(used, int | float) else ""
-                out.append(f"GPU{p.get('gpu_index', '?')}: pid {p.get('pid')} "
-                           f"{p.get('name') or ''}{mem}".replace("  ", " ").rstrip())
-            else:
-                out.append(str(p))
-        return out
-    ours = {ev.launch.get("pid")}
-    for d in (ev.fingerprint.get("gpus") or {}).get("devices") or []:
-        if not isinstance(d, Mapping):
-            continue
-        for p in d.get("processes") or []:
-            if isinstance(p, Mapping) and p.get("pid") not in ours:
-                used = p.get("used_memory_bytes")
-                mem = f", {used / 2**30:.1f} GiB" if isinstance(used, int | float) else ""
-                out.append(f"GPU{d.get('index')}: pid {p.get('pid')} {p.get('name') or ''}"
-                           f"{mem}".rstrip())
-    return out
+def other_gpu_processes(ev: Evidence) -> list[str] | None:
+    """Processes of other jobs on the GPUs, or None when nobody could see them.
+
+    ``notes.cluster.gpu_processes`` (written by capture, which already left out the server's own
+    process group) wins; otherwise the fingerprint's per-GPU processes minus the launched pid.
+    Without NVML there is no process list at all: that is unknown, not "no other jobs".
+    """
+    cluster = ev.notes.cluster
+    if cluster is not None and cluster.gpu_processes:
+        return [p.describe() for p in cluster.gpu_processes]
+    if not ev.fingerprint.gpus.nvml:
+        return None
+    return [p.describe() for d in ev.fingerprint.gpus.devices for p in d.processes
+            if p.pid is None or p.pid != ev.launch.pid]

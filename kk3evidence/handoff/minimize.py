@@ -20,6 +20,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from kk3evidence import _resources
@@ -31,6 +32,7 @@ from kk3evidence.vllm_args import (
     ArgTable,
     FlagValue,
     ServeCommand,
+    flag_diff,
     load_arg_table,
     parse_serve_argv,
     render_argv,
@@ -214,6 +216,11 @@ def minimize(
     kept = tuple(c for c in classified if c.cls == "needed")
     removed = tuple(c for c in classified if c.cls != "needed")
     minimal = cmd.replace(drop=[c.name for c in removed])
+    spec = table.spec(PREFIX_FLAG)
+    if spec is not None and spec.negatable:
+        # vLLM's V1 engine turns prefix caching on by default: a baseline without the cache
+        # must say so, or its "without cache" requests run with the cache on.
+        minimal = minimal.replace(set_flags={PREFIX_FLAG: False})
     minimal = ServeCommand(
         program=minimal.program,
         model=minimal.model,
@@ -321,10 +328,125 @@ class PlanStep:
 
 @dataclass(frozen=True, slots=True)
 class PlanOptions:
-    long_input_tokens: int | None = None  # default: 3/4 of the context length (8192 if unknown)
+    long_input_tokens: int | None = None  # default: sized from the context (8192 if unknown)
     large_max_tokens: int = 4096
     concurrency: int | None = None  # default: the command's --max-num-seqs, else 32
     prefix_probe_tokens: int = 256
+    #: the model's own context (config.json max_position_embeddings) when the command gives no
+    #: --max-model-len; None: unknown
+    model_context: int | None = None
+
+
+#: tokens the chat template and the prompt's closing instruction add around the words
+PROMPT_MARGIN = 32
+#: tokens of the fixed prompt (the guide's sentence, with the chat template)
+FIXED_PROMPT_TOKENS = 48
+
+
+def _context(src: ServeCommand, opts: PlanOptions) -> tuple[int | None, str]:
+    """The context length requests must fit in, and where it came from."""
+    flag = src.get("max-model-len")
+    if isinstance(flag, int) and not isinstance(flag, bool) and flag > 0:
+        return flag, "--max-model-len"
+    if opts.model_context:
+        return opts.model_context, "the model's config.json"
+    return None, "unknown"
+
+
+def _long_input(opts: PlanOptions, ctx: int | None, ctx_from: str,
+                max_tokens: int) -> tuple[int, str]:
+    """The longer input: what was asked (``--long-input-tokens``) or a size that leaves room
+    for the output step, never more than the context minus the current output cap."""
+    asked = opts.long_input_tokens
+    if not ctx:
+        return asked or 8192, ""
+    fit = max(1, ctx - max_tokens - PROMPT_MARGIN)
+    if asked is not None:
+        if asked <= fit:
+            return asked, ""
+        return fit, (f" (asked {asked}; the {ctx}-token context from {ctx_from} leaves {fit} "
+                     f"with max_tokens {max_tokens})")
+    target = min(int(ctx * 0.75), max(int(ctx * 0.6), ctx - opts.large_max_tokens - PROMPT_MARGIN))
+    return min(target, fit), f" (sized to the {ctx}-token context from {ctx_from})"
+
+
+def _large_output(opts: PlanOptions, ctx: int | None, ctx_from: str,
+                  input_tokens: int) -> tuple[int, str]:
+    want = opts.large_max_tokens
+    if not ctx:
+        return want, ""
+    fit = max(1, ctx - input_tokens - PROMPT_MARGIN)
+    if want <= fit:
+        return want, ""
+    return fit, (f" ({want} asked; the {ctx}-token context from {ctx_from} leaves {fit} after "
+                 f"~{input_tokens} input tokens)")
+
+
+def model_context(model: str | None) -> int | None:
+    """``max_position_embeddings`` (or the like) from a local model folder's config.json."""
+    if not model:
+        return None
+    path = Path(model) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        v = data.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+PREFIX_FLAG = "enable-prefix-caching"
+
+#: request fields that are one variable together (a prefix probe is "the same prompt twice")
+_REQUEST_VARIABLES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("input", ("prompt", "input_tokens", "repeat")),
+    ("max_tokens", ("max_tokens",)),
+    ("temperature", ("temperature",)),
+    ("concurrency", ("concurrency",)),
+    ("tools", ("tools",)),
+    ("model", ("model",)),
+)
+
+
+def step_variables(prev: PlanStep, step: PlanStep, *, table: ArgTable | None = None,
+                   classes: FlagClasses | None = None) -> list[str]:
+    """The variables ``step`` changes against ``prev`` (the seed's rule: at most one).
+
+    Flags restored under one ladder variable (``step`` in data/flag-classes.toml, e.g. the
+    multi-node flags) count once; request fields count by :data:`_REQUEST_VARIABLES`;
+    environment changes count one each.
+    """
+    out: list[str] = []
+    if prev.argv != step.argv:
+        table = table or load_arg_table()
+        try:
+            a = parse_serve_argv(list(prev.argv), table)
+            b = parse_serve_argv(list(step.argv), table)
+        except InputError:
+            out.append("argv")
+        else:
+            classes = classes or load_flag_classes()
+            names = {c.name for c in flag_diff(a, b)}
+            if a.model != b.model:
+                out.append("model")
+            for name in sorted(names - {"model"}):
+                spec = table.spec(name)
+                var = classes.rule_for(name, spec.group if spec else None).step or name
+                if var not in out:
+                    out.append(var)
+    for name in sorted(set(prev.env) | set(step.env)):
+        if prev.env.get(name) != step.env.get(name):
+            out.append(f"env {name}")
+    pa, pb = prev.request.to_json(), step.request.to_json()
+    for var, fields in _REQUEST_VARIABLES:
+        if any(pa.get(f) != pb.get(f) for f in fields):
+            out.append(var)
+    return out
 
 
 def _fmt_value(name: str, v: FlagValue) -> str:
@@ -360,7 +482,9 @@ def build_plan(
     env = {k: f"${{{k}}}" if _secret_env(k) else v for k, v in mini.source.env.items()}
 
     def argv_now() -> tuple[str, ...]:
-        flags = {n: _secret_ref(n, current[n]) for n in order if n in current}
+        # production order, then flags only the minimal command has (--no-enable-prefix-caching)
+        names = [n for n in order if n in current] + [n for n in current if n not in order]
+        flags = {n: _secret_ref(n, current[n]) for n in names}
         cmd = ServeCommand(
             program=mini.source.program, model=mini.source.model, flags=flags, table=table
         )
@@ -397,16 +521,16 @@ def build_plan(
         return True
 
     src = mini.source
-    context = src.get("max-model-len")
-    context_len = context if isinstance(context, int) and context > 0 else None
+    ctx, ctx_from = _context(src, opts)
     block = src.block_size or 16
 
     # 1. prefix caching: first the same long prompt twice without the cache (a request-only
     #    step on the baseline server), then the flag alone with that same request
-    if "prefix-caching" in by_var:
+    default_on = current.get(PREFIX_FLAG) is False and src.get(PREFIX_FLAG) is None
+    if "prefix-caching" in by_var or default_on:
         probe = max(2 * block + 16, opts.prefix_probe_tokens)
-        if context_len:
-            probe = max(block + 8, min(probe, context_len - req.max_tokens - 64))
+        if ctx:
+            probe = max(block + 8, min(probe, ctx - req.max_tokens - PROMPT_MARGIN))
         req = replace(req, input_tokens=probe, repeat=2)
         add(
             "prefix-probe",
@@ -416,43 +540,42 @@ def build_plan(
             "the prefix-cache probe without the cache: the request the next step repeats with "
             "caching on (the guide: does a request that worked without the cache fail with it?)",
         )
-        restore(
-            "prefix-caching",
-            "the guide: prefix caching is never in the first baseline; add "
-            "--enable-prefix-caching alone with the same prompt (longer than one KV block) sent "
-            "twice; compare both logs and whether the second request hits the cache",
-        )
+        why = ("the guide: prefix caching is never in the first baseline; add "
+               "--enable-prefix-caching alone with the same prompt (longer than one KV block) "
+               "sent twice; compare both logs and whether the second request hits the cache")
+        if not restore("prefix-caching", why):
+            # production gives no flag: it runs with vLLM's default, on for the V1 engine
+            current.pop(PREFIX_FLAG, None)
+            add("prefix-caching", "argv", "--no-enable-prefix-caching",
+                "absent (vLLM's default: on for the V1 engine)", why)
 
     # 2. context length (the server side of a longer input)
     restore("context-length")
 
-    # 3. longer input
-    long_in = opts.long_input_tokens
-    if long_in is None:
-        long_in = int(context_len * 0.75) if context_len else 8192
-    if context_len:
-        long_in = max(1, min(long_in, context_len - opts.large_max_tokens - 64))
-    if long_in > req.input_tokens:
+    # 3. longer input: input + the current output cap stays inside the context
+    long_in, note = _long_input(opts, ctx, ctx_from, req.max_tokens)
+    if long_in > req.input_tokens or req.repeat > 1:
         before = req
-        req = replace(req, input_tokens=long_in, repeat=1)
+        req = replace(req, input_tokens=max(long_in, req.input_tokens), repeat=1)
         add(
             "input_tokens",
             "request",
             f"{before.input_tokens or 'fixed prompt'}",
-            f"~{long_in} tokens",
-            "the guide: increase only the input length",
+            f"~{req.input_tokens} tokens",
+            "the guide: increase only the input length" + note,
         )
 
-    # 4. larger output cap
-    if opts.large_max_tokens > req.max_tokens:
+    # 4. larger output cap: the current input + the cap stays inside the context
+    big, note = _large_output(opts, ctx, ctx_from, req.input_tokens or FIXED_PROMPT_TOKENS)
+    if big > req.max_tokens:
         before_mt = req.max_tokens
-        req = replace(req, max_tokens=opts.large_max_tokens)
+        req = replace(req, max_tokens=big)
         add(
             "max_tokens",
             "request",
             str(before_mt),
-            str(opts.large_max_tokens),
-            "the guide: increase only the output cap",
+            str(big),
+            "the guide: increase only the output cap" + note,
         )
 
     # 5. the server's load settings, one at a time, then concurrency
@@ -582,8 +705,10 @@ def _toml_key(k: str) -> str:
 
 
 def _toml_table(lines: list[str], obj: Mapping[str, Any], header: str) -> None:
-    plain = {k: v for k, v in obj.items() if v is not None and not isinstance(v, dict)}
-    subs = {k: v for k, v in obj.items() if isinstance(v, dict)}
+    # env is an inline table: it must come before any sub-table, whatever the dict order
+    plain = {k: v for k, v in obj.items()
+             if v is not None and (not isinstance(v, dict) or k == "env")}
+    subs = {k: v for k, v in obj.items() if isinstance(v, dict) and k != "env"}
     lines.append(header)
     for k, v in plain.items():
         if isinstance(v, list) and v and all(isinstance(x, str) for x in v) and len(v) > 4:
@@ -594,9 +719,6 @@ def _toml_table(lines: list[str], obj: Mapping[str, Any], header: str) -> None:
             lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
     name = header.strip("[]")
     for k, v in subs.items():
-        if k == "env":
-            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
-            continue
         lines.append("")
         _toml_table(lines, v, f"[{name}.{_toml_key(k)}]")
 

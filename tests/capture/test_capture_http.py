@@ -97,6 +97,8 @@ def test_prefix_probe_records_hits_and_the_four_checks(tmp_path: Path) -> None:
     assert probe["prefix_caching_enabled"] is True
     assert probe["exceeds_one_block"] is True
     assert probe["deltas"]["request_1"]["hits"] == 0
+    # the first delta counts the probe's own prompt only, not the fixed request before it
+    assert probe["deltas"]["request_1"]["queries"] == reqs["prefix-1"]["usage"]["prompt_tokens"]
     assert probe["deltas"]["request_2"]["hits"] > 0
     checks = {c["id"]: c["status"] for c in probe["checks"]}
     assert checks == {

@@ -252,7 +252,7 @@ def test_all_stable_exits_0_and_a_rerun_resumes_without_starting_anything(
         tmp_path / "plan.toml",
         step(0, "baseline", base, "baseline"),
         step(1, "concurrency", base, "request", concurrency=4),
-        step(2, "served-model-name", [*base, "--served-model-name", "kimi"]),
+        step(2, "served-model-name", [*base, "--served-model-name", "kimi"], concurrency=4),
     )
     out = tmp_path / "run"
     first = run_ladder(load_plan(plan_path), out, progress=QUIET)

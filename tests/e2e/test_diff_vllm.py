@@ -6,7 +6,8 @@ session through the real ``kk3evidence capture --stop-after-request`` and shared
 * ``A``  baseline: the RECIPE's tiny-model command
 * ``A2`` the same configuration again (different pid, port, timestamps)
 * ``B``  one flag changed: ``--max-num-seqs 8``
-* ``C``  two flags changed: ``--max-num-seqs 8 --enable-prefix-caching``
+* ``C``  two flags changed: ``--max-num-seqs 8 --seed 7``, plus ``--enable-prefix-caching``,
+  which the V1 engine had on anyway (both logs say ``enable_prefix_caching=True``): not a change
 * ``F``, ``F2`` one flag changed so that the start fails: ``--max-model-len 1000000``
 
 vLLM starts are serialised with the project's lock file (never two at once on this machine).
@@ -68,7 +69,7 @@ def captured(tmp_path_factory: pytest.TempPathFactory,
         "A": [],
         "A2": [],
         "B": ["--max-num-seqs", "8"],
-        "C": ["--max-num-seqs", "8", "--enable-prefix-caching"],
+        "C": ["--max-num-seqs", "8", "--seed", "7", "--enable-prefix-caching"],
         # fails in config validation within seconds (max_position_embeddings is 2048)
         "F": ["--max-model-len", "1000000"],
         "F2": ["--max-model-len", "1000000"],
@@ -117,19 +118,27 @@ def test_two_flags_changed_exit_5_naming_both(captured: Callable[[str], Path]) -
     proc = _kk3("diff", "--json", str(captured("A")), str(captured("C")))
     assert proc.returncode == 5, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
-    assert sorted(doc["variables"]) == ["--enable-prefix-caching", "--max-num-seqs"]
+    assert sorted(doc["variables"]) == ["--max-num-seqs", "--seed"]
+    # vLLM 0.32's V1 engine enables prefix caching by default: the flag changed nothing
+    assert any("enable_prefix_caching=True in both runs" in e for e in doc["equivalences"])
 
 
-def test_check_on_a_real_cpu_capture_is_unknown_not_failed(
+def test_check_on_a_real_cpu_capture_names_the_cpu_build(
         captured: Callable[[str], Path]) -> None:
+    # torch ...+cpu and no NVML prove the run is outside every CUDA boundary (issue 10)
     proc = _kk3("check", "--json", str(captured("A")))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 6, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
-    assert {r["status"] for r in doc["results"]} == {"unknown"}
+    assert doc["cpu_build"] is True
+    assert "unknown" not in {r["status"] for r in doc["results"]}
+    human = _kk3("check", str(captured("A")))
+    assert "CPU build:" in human.stdout and "????" not in human.stdout
     k3 = _kk3("check", str(captured("A")), "--recipe", "kimi-k3")
-    # a CPU venv run is no Kimi-K3 deployment: the recipe's flag rule fails, GPU rules unknown
+    # a CPU venv run is no Kimi-K3 deployment: the flag rule fails, and so do the CUDA rules
+    # (CPU build) and the version rule (0.32.0+cpu)
     assert k3.returncode == 6
     assert "K3-005" in k3.stdout and "--trust-remote-code is missing" in k3.stdout
+    assert "is a CPU build" in k3.stdout  # K3-003: vLLM 0.32.0+cpu
 
 
 def test_report_against_baseline_on_real_captures(captured: Callable[[str], Path],
@@ -195,4 +204,8 @@ def test_compare_sees_a_stable_real_failure(captured: Callable[[str], Path]) -> 
     (sig,) = group["signatures"]
     assert sig.split("/")[1] == "config"
     assert doc["decision"]["action"] == "keep_fixing_here"
-    assert "repeats at the same stage" in doc["decision"]["reasons"][0]
+    reasons = doc["decision"]["reasons"]
+    # a CPU build is outside the official boundaries (issue 10): said first, with the repeats
+    assert "outside the official compatibility boundaries" in reasons[0]
+    assert any("repeats at the same stage" in r for r in reasons)
+    assert any("GPU occupancy unknown" in r for r in reasons)  # no NVML on this machine

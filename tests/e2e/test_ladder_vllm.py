@@ -100,8 +100,10 @@ def test_ladder_names_the_longer_input_step_on_real_vllm(
     plan = _plan(
         tmp_path / "plan.toml",
         [
+            # the probe request from the start: a step changes one variable (issue 10)
             {"variable": "baseline", "kind": "baseline", "from": "", "to": "minimal",
-             "argv": base},
+             "argv": [*base, "--no-enable-prefix-caching"],
+             "request": {"input_tokens": 64, "repeat": 2}},
             {"variable": "prefix-caching", "kind": "argv", "from": "absent",
              "to": "--enable-prefix-caching", "argv": [*base, "--enable-prefix-caching"],
              "request": {"input_tokens": 64, "repeat": 2}},
@@ -127,9 +129,21 @@ def test_ladder_names_the_longer_input_step_on_real_vllm(
 
     for name in ("step-00.tar", "step-01.tar"):
         assert validate(out / name) == []
+    with open_bundle(out / "step-00.tar") as b:
+        # the "without cache" baseline really ran without it (the engine says so)
+        assert b.analysis is not None
+        assert b.analysis["engine_config"]["enable_prefix_caching"] is False
     with open_bundle(out / "step-01.tar") as b:
-        statuses = [r.get("status") for r in b.requests()]
-        assert statuses == [200, 200]  # step 1's prefix probe, sent by capture
+        statuses = [r.get("status") for r in b.requests() if r.get("kind") != "prefix_probe"]
+        assert b.analysis is not None
+        assert b.analysis["engine_config"]["enable_prefix_caching"] is True
+        assert statuses == [200, 200]  # step 1's prompt twice, sent by capture
+        # the prefix step records capture's four prefix checks (issue 10)
+        probe = json.loads(b.read_bytes("probes/prefix_probe.json"))
+        checks = {c["id"]: c["status"] for c in probe["checks"]}
+        assert set(checks) == {"second_request_hits_cache", "inputs_identical",
+                               "no_memory_error_after_enable", "request_ok_with_cache"}
+        assert checks["second_request_hits_cache"] == "pass"
         assert (b.launch is not None and b.launch["exit_code"] is not None) or b.launch["signal"]
     # the state says what a rerun would skip
     state = json.loads((out / "ladder-state.json").read_text())

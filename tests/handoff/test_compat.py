@@ -122,11 +122,25 @@ def test_recipe_is_picked_from_the_served_model() -> None:
     assert result.recipe == "kimi-k3" and result.recipe_auto
 
 
-def test_cpu_run_is_unknown_not_failed() -> None:
+def test_cpu_build_is_decided_from_proof_not_left_unknown() -> None:
+    # torch 2.13.0+cpu, vLLM 0.32.0+cpu and no NVML (the real CPU run's fingerprint): the
+    # CUDA-driver rules are outside, not unknown; the parallelism rule agrees with the GPU
+    # count on the same evidence.
     result = check(run("cpu"))
     assert result.recipe is None
-    assert {r.status for r in result.results} == {"unknown"}
-    assert result.exit_code == 0
+    assert "unknown" not in {r.status for r in result.results}
+    assert all("CPU build" in r.reason or r.status == "fail" for r in result.results)
+    assert result.exit_code == 6
+
+
+def test_cpu_build_fails_the_vllm_version_rule_and_the_cuda_image_rule() -> None:
+    result = check(run("cpu", argv=K3), "kimi-k3")
+    by_id = {r.rule.id: r for r in result.results}
+    assert by_id["K3-003"].status == "fail" and "CPU build" in by_id["K3-003"].reason
+    assert by_id["K3-001"].status == "fail" and "CPU build" in by_id["K3-001"].reason
+    assert by_id["K3-002"].status == "fail"
+    assert by_id["K3-004"].status == "fail"
+    assert any("torch_version: 2.13.0+cpu" in e for e in by_id["K3-001"].evidence)
 
 
 def test_unknown_recipe_is_a_usage_error(tmp_path: Path) -> None:

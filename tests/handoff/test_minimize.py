@@ -59,7 +59,10 @@ def test_kimi_k3_minimal_command_keeps_only_what_starts_the_model() -> None:
         "load-format",
         "host",
         "port",
+        # vLLM's V1 engine enables prefix caching by default: the baseline turns it off
+        "enable-prefix-caching",
     }
+    assert mini.minimal.flags["enable-prefix-caching"] is False
     assert mini.minimal.env == {"VLLM_ENGINE_READY_TIMEOUT_S": "3600"}
 
 
@@ -236,6 +239,11 @@ def test_every_step_changes_exactly_one_variable(parts: list[list[str]]) -> None
         if cur["kind"] == "request":
             assert changed_flags == []
             assert len(changed_request) == 1 or changed_request == {"input_tokens", "repeat"}
+        elif cur["variable"] == "prefix-caching" and "enable-prefix-caching" not in " ".join(
+                argv):
+            # production relies on the default: the step only drops --no-enable-prefix-caching
+            assert "--no-enable-prefix-caching" in prev["argv"]
+            assert [a for a in prev["argv"] if a != "--no-enable-prefix-caching"] == cur["argv"]
         else:
             assert changed_flags, cur
             variables = {
@@ -293,7 +301,8 @@ def test_cli_json_output(tmp_path: Path) -> None:
     )
     assert res.exit_code == 0, res.output
     obj = json.loads(res.output)
-    assert obj["minimal_argv"] == ["vllm", "serve", "M", "--tensor-parallel-size", "2"]
+    assert obj["minimal_argv"] == ["vllm", "serve", "M", "--tensor-parallel-size", "2",
+                                   "--no-enable-prefix-caching"]
     assert obj["removed"][0]["flag"] == "enable-prefix-caching"
 
 

@@ -3,9 +3,11 @@
 usage: fake_openai.py --port N [--host H] [--api-key K] [--served-model-name NAME]
                       [--not-ready-polls N] [--never-ready] [--enable-prefix-caching]
                       [--block-size N] [--max-model-len N] [--crash-on-request]
+                      [--enforce-context]
 
 Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions,
-GET /metrics (vLLM's prefix-cache counters and cache_config_info). Tokens are words. With
+GET /metrics (vLLM's prefix-cache counters and cache_config_info), POST /tokenize (words plus
+10 template tokens, and max_model_len). Tokens are words. With
 --enable-prefix-caching, a prompt seen before counts its full blocks as prefix-cache hits.
 SIGINT/SIGTERM: prints "Shutting down" and exits 0. Log lines imitate vLLM's API server.
 """
@@ -21,6 +23,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PID = os.getpid()
+TEMPLATE_TOKENS = 10  # what a chat template adds (the real count exceeds the word count)
 
 
 def log(msg: str) -> None:
@@ -111,6 +114,13 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                     "RuntimeError: CUDA error: an illegal memory access was encountered", flush=True
                 )
                 os._exit(1)
+            if self.path == "/tokenize":
+                text = " ".join(m.get("content", "") for m in body.get("messages", []))
+                # words plus a chat template, like a real tokenizer counts more than words
+                count = len(text.split()) + TEMPLATE_TOKENS
+                self._send(200, {"count": count, "max_model_len": args.max_model_len,
+                                 "tokens": list(range(count))})
+                return
             if self.path == "/v1/chat/completions":
                 prompt = " ".join(m.get("content", "") for m in body.get("messages", []))
             elif self.path == "/v1/completions":
@@ -119,6 +129,14 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 self._send(404, {"error": "not found"})
                 return
             tokens = len(prompt.split())
+            asked = int(body.get("max_tokens") or 0)
+            if args.enforce_context and tokens + TEMPLATE_TOKENS + asked > args.max_model_len:
+                # vLLM's answer when input + max_tokens exceeds the context
+                self._send(400, {"error": {"message": (
+                    f"This model's maximum context length is {args.max_model_len} tokens. "
+                    f"However, you requested {asked} output tokens and your prompt contains "
+                    f"{tokens + TEMPLATE_TOKENS} input tokens"), "code": 400}})
+                return
             cached = 0
             with state.lock:
                 state.queries += tokens
@@ -158,6 +176,8 @@ def main() -> int:
     ap.add_argument("--prompt-tokens-details", action="store_true")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--enforce-context", action="store_true",
+                    help="answer 400 when input + max_tokens exceeds --max-model-len")
     ap.add_argument("--crash-on-request", action="store_true")
     args = ap.parse_args()
     state = State(args)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -30,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,11 @@ from typing import Any
 from kk3evidence.analysis.engine import analyze
 from kk3evidence.bundle.archive import validate
 from kk3evidence.bundle.schema import load_toml
+from kk3evidence.capture import identity
+from kk3evidence.capture.ladder.fit import Fit, count_tokens, fit_prompt
 from kk3evidence.errors import InputError, Kk3Error, UsageError
 from kk3evidence.handoff.diff import diff
-from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec
+from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec, step_variables
 from kk3evidence.model import FORMAT_IDS
 
 __all__ = [
@@ -154,8 +157,24 @@ def parse_plan(data: bytes | str, source: str = "plan") -> Plan:
                 kind=s.get("kind", "argv" if i else "baseline"),
             )
         )
+    _one_variable_each(steps, source)
     return Plan(tuple(steps), dict(doc.get("plan") or {}), hashlib.sha256(raw).hexdigest(), source)
 
+
+def _one_variable_each(steps: Sequence[PlanStep], source: str) -> None:
+    """Refuse a step that changes more than one variable against the step before it (the
+    seed's rule; a hand-edited plan is checked like a generated one, --dry-run included)."""
+    for prev, step in itertools.pairwise(steps):
+        changed = step_variables(prev, step)
+        if len(changed) > 1:
+            raise InputError(
+                f"{source}: $.step[{step.id}] ({step.variable}) changes {len(changed)} variables "
+                f"against step {prev.id}: {', '.join(changed)}; split it into one step per "
+                "variable")
+
+
+#: plan variables whose bundle must carry capture's prefix-cache probe and its four checks
+PREFIX_VARIABLES = frozenset({"prefix-caching", "prefix-probe"})
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -583,6 +602,8 @@ class CaptureRunner:
             ),
             changes=tuple(changes),
             probe=True,
+            # the prefix steps record the four prefix checks (probes/prefix_probe.json)
+            prefix_probe=any(s.variable in PREFIX_VARIABLES for s in steps),
             ready_timeout=self.ready_timeout,
             request_file=request_file,
             repeat=max(1, capture_requests),
@@ -674,6 +695,10 @@ class CaptureRunner:
                 alive=lambda: not group.finished.is_set(),
                 stop=threading.Event(),
                 headers={k: v for k, v in headers.items() if k == "Authorization"},
+                # never a stale server on the step's port: only the step's own command counts
+                verify=identity.verifier(target.host, target.port,
+                                         lambda: _launched_pid(group.staging),
+                                         identity.expected_models(_serve_of(group.argv))),
             )
         if not rd.ready:
             return
@@ -759,6 +784,9 @@ class CaptureRunner:
 
         spec = step.request
         body = request_body(spec, served)
+        fitted = None
+        if spec.input_tokens:
+            body, fitted = self._fit(step, target, headers, served)
         url = target.base_url + "/v1/chat/completions"
         folder = self.out_dir / f"step-{step.id:02d}" / "requests"
         folder.mkdir(parents=True, exist_ok=True)
@@ -785,6 +813,9 @@ class CaptureRunner:
                 else:
                     with ThreadPoolExecutor(max_workers=min(spec.concurrency, 512)) as pool:
                         records.extend(pool.map(one, range(1, spec.concurrency + 1)))
+        if fitted is not None:
+            (folder.parent / "fit.json").write_text(json.dumps(fitted.to_json()), encoding="utf-8")
+            self.progress.say(f"step {step.id}: {fitted.note}")
         for rec in records:
             slim = dict(rec)
             if isinstance(slim.get("request_body"), dict) and spec.input_tokens:
@@ -794,6 +825,19 @@ class CaptureRunner:
                 json.dumps(slim, ensure_ascii=False, indent=1), encoding="utf-8"
             )
         return records
+
+    def _fit(self, step: PlanStep, target: Any, headers: Mapping[str, str],
+             served: str | None) -> tuple[dict[str, Any], Fit]:
+        """The step's long prompt, counted with the server's /tokenize and trimmed to fit."""
+        import httpx
+
+        spec = step.request
+        with httpx.Client(timeout=30.0, trust_env=False) as client:
+            return fit_prompt(
+                spec.input_tokens,
+                lambda n: request_body(replace(spec, input_tokens=n), served),
+                lambda body: count_tokens(client, target.base_url, headers, body),
+                max_tokens=spec.max_tokens, context=None, variable=step.variable)
 
     def _stop_server(self, group: _GroupRun) -> None:
         if group.finished.is_set():
@@ -818,6 +862,41 @@ class CaptureRunner:
 # --------------------------------------------------------------------------------------------
 # The ladder
 # --------------------------------------------------------------------------------------------
+
+
+def _prefix_checks(out: Path, bundle_rel: str | None) -> tuple[str, ...]:
+    """The four prefix checks capture's probe recorded in a prefix step's bundle."""
+    if bundle_rel is None:
+        return ()
+    from kk3evidence.bundle.archive import open_bundle
+    from kk3evidence.errors import BundleError
+
+    try:
+        with open_bundle(out / bundle_rel) as b:
+            if not b.has("probes/prefix_probe.json"):
+                return ("prefix checks: not recorded (the probe did not run)",)
+            probe = json.loads(b.read_bytes("probes/prefix_probe.json"))
+    except (BundleError, InputError, OSError, ValueError):
+        return ()
+    return tuple(f"prefix check {c.get('id')}: {c.get('status')}"
+                 for c in probe.get("checks") or [] if isinstance(c, dict))
+
+
+def _launched_pid(staging: Path) -> int | None:
+    """The pid capture recorded for the step's command (launch.json in its staging folder)."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = json.loads((staging / "launch.json").read_text(encoding="utf-8")).get("pid")
+        return pid if isinstance(pid, int) and pid > 0 else None
+    return None
+
+
+def _serve_of(argv: Sequence[str]) -> Any:
+    from kk3evidence import vllm_args
+
+    try:
+        return vllm_args.parse_serve_argv(list(argv))
+    except InputError:
+        return None
 
 
 def _state_path(out_dir: Path) -> Path:
@@ -1009,7 +1088,9 @@ def run_ladder(
                 requests_dir=rec.requests_dir,
                 started_at=rec.started_at,
                 seconds=rec.seconds,
-                request_summaries=rec.request_summaries,
+                request_summaries=rec.request_summaries + (
+                    _prefix_checks(out, bundle_rel) if rec.variable in PREFIX_VARIABLES
+                    and rec.shares_server_with is None else ()),
             )
             records.append(final)
             if not interrupted and bundle_rel is not None:

@@ -392,6 +392,48 @@ _CATALOG: dict[str, tuple[str, str]] = {
         "이 실행에서는 prefix caching이 켜져 있지 않습니다 ({how}). 나중에 별도 "
         "회차에서 검증하십시오",
     ),
+    "ck9_engine_line": (
+        "the engine reports enable_prefix_caching=True at log line {line}, without the flag",
+        "플래그 없이도 엔진이 로그 {line}행에서 enable_prefix_caching=True를 보고합니다",
+    ),
+    "ck9_engine_off": (
+        "the engine reports enable_prefix_caching=False at log line {line}",
+        "엔진이 로그 {line}행에서 enable_prefix_caching=False를 보고합니다",
+    ),
+    "ck9_default_on": (
+        "prefix caching is on by default ({how}); verify it in its own round: a baseline with "
+        "--no-enable-prefix-caching, then the same run with it on",
+        "prefix caching이 기본값으로 켜져 있습니다 ({how}). 별도 회차에서 검증하십시오: "
+        "--no-enable-prefix-caching 기준선 다음에 켠 상태로 같은 실행",
+    ),
+    "ck9_pass_default_metrics": (
+        "prefix caching is on by default ({how}); /metrics shows {hits} hits of {queries} "
+        "queried tokens",
+        "prefix caching이 기본값으로 켜져 있고 ({how}) /metrics에서 조회 토큰 {queries}개 중 "
+        "{hits}개 적중을 확인했습니다",
+    ),
+    "ck9_unknown_no_engine": (
+        "the log has no engine config line, so whether prefix caching was on is unknown "
+        "(the flag alone does not decide it)",
+        "로그에 엔진 설정 줄이 없어 prefix caching이 켜졌는지 알 수 없습니다 (플래그만으로는 "
+        "정해지지 않습니다)",
+    ),
+    "sum_port_holder": (
+        "Before launch, {holder}. No request was sent to that server; the command ran and "
+        "reported its own failure.",
+        "실행 전에 이미 {holder} (포트 점유). 그 서버에는 요청을 보내지 않았고, 명령은 실행되어 "
+        "스스로 실패를 보고했습니다.",
+    ),
+    "ck9_probe_pass": (
+        "the prefix probe sent the same long prompt twice: the second hit the cache "
+        "({n} prefix checks recorded, none failed)",
+        "prefix probe가 같은 긴 프롬프트를 두 번 보냈고 두 번째가 캐시에 적중했습니다 "
+        "(prefix 점검 {n}개 기록, 실패 없음)",
+    ),
+    "ck9_probe_fail": (
+        "the prefix probe's checks failed: {checks}",
+        "prefix probe 점검이 실패했습니다: {checks}",
+    ),
     "ck10_pass": (
         "this report has a 'Reproducibility limits' section",
         "이 문서에 '재현성의 한계' 절이 있습니다",
@@ -484,6 +526,39 @@ _CATALOG: dict[str, tuple[str, str]] = {
         "기대 결과: 서버가 `api_ready`에 도달하고 고정 요청에 응답함.",
     ),
 }
+
+
+#: Korean names of the SPEC §2 stages; the contract string stays beside them in parentheses
+_STAGE_KO: dict[str, str] = {
+    "container_init": "컨테이너 시작",
+    "device_discovery": "장치 인식",
+    "weights_access": "가중치 접근",
+    "engine_init": "엔진 초기화",
+    "comm_group": "통신 그룹",
+    "api_ready": "API 준비",
+    "serving": "요청 처리",
+}
+_STATUS_KO: dict[str, str] = {"completed": "완료", "failed": "실패", "started": "시작됨"}
+_CLASS_KO: dict[str, str] = {
+    "needed": "필수", "feature": "기능", "load": "부하", "multi-node": "다중 노드",
+    "observability": "관측", "business-wrapper": "업무용 래퍼", "unknown": "알 수 없음",
+}
+
+
+def stage_name(lang: Lang, stage: object) -> str:
+    """``api_ready`` in English; ``API 준비 (api_ready)`` in Korean."""
+    s = str(stage)
+    return f"{_STAGE_KO[s]} ({s})" if lang == "ko" and s in _STAGE_KO else s
+
+
+def status_name(lang: Lang, status: object) -> str:
+    s = str(status)
+    return _STATUS_KO.get(s, s) if lang == "ko" else s
+
+
+def class_name(lang: Lang, cls: object) -> str:
+    s = str(cls)
+    return f"{_CLASS_KO[s]}, {s}" if lang == "ko" and s in _CLASS_KO else s
 
 
 def text(lang: Lang, key: str, **fields: object) -> str:

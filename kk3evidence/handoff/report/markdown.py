@@ -27,8 +27,16 @@ from kk3evidence.errors import Kk3Error, UsageError
 from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.compat import CheckResult, check_evidence, container_cuda
 from kk3evidence.handoff.diff import DiffResult, diff_evidence, request_signature, serve_command
-from kk3evidence.handoff.evidence import Evidence, LogLine, dig, other_gpu_processes
-from kk3evidence.handoff.report.i18n import CHECKLIST, LANGS, Lang, text
+from kk3evidence.handoff.evidence import Evidence, LogLine, Request, other_gpu_processes
+from kk3evidence.handoff.report.i18n import (
+    CHECKLIST,
+    LANGS,
+    Lang,
+    class_name,
+    stage_name,
+    status_name,
+    text,
+)
 from kk3evidence.model import STAGES
 
 __all__ = [
@@ -166,7 +174,7 @@ def _model_name(ev: Evidence) -> str:
     cmd = serve_command(ev.argv)
     if cmd is not None and cmd.model:
         return str(cmd.model)
-    return str(ev.launch.get("served_model") or "?")
+    return ev.launch.served_model or "?"
 
 
 def _truncate(s: str, n: int) -> str:
@@ -178,21 +186,24 @@ def _truncate(s: str, n: int) -> str:
 
 def _summary(ev: Evidence, lang: Lang) -> list[Block]:
     ff = ev.first_failure
-    last = ev.last_stage_reached or text(lang, "unknown")
+    last = stage_name(lang, ev.last_stage_reached) if ev.last_stage_reached else text(
+        lang, "unknown")
     out: list[Block] = []
     if ff is not None:
         proc = text(lang, "process", process=ff["process"]) if ff.get("process") else ""
-        out.append(Para(text(lang, "sum_failed", stage=ff.get("stage"),
+        out.append(Para(text(lang, "sum_failed", stage=stage_name(lang, ff.get("stage")),
                              category=ff.get("category"), rule=ff.get("rule"),
                              line_no=ff.get("line_no"), process=proc, last=last)))
     else:
         req = _fixed(ev)
-        if req is not None and ev.launch.get("ready_seconds") is not None:
-            out.append(Para(text(lang, "sum_ok_ready", ready=_secs(ev.launch["ready_seconds"]),
-                                 status=req.get("status"))))
+        if req is not None and ev.launch.ready_seconds is not None:
+            out.append(Para(text(lang, "sum_ok_ready", ready=_secs(ev.launch.ready_seconds),
+                                 status=req.status)))
         else:
             out.append(Para(text(lang, "sum_ok_noreq", last=last)))
-    code = ev.launch.get("exit_code")
+    if ev.launch.port_holder:
+        out.append(Para(text(lang, "sum_port_holder", holder=ev.launch.port_holder)))
+    code = ev.launch.exit_code
     extra = text(lang, "sum_exit", code=code) if code is not None else ""
     out.append(Para(f"{text(lang, 'sum_model', model=_model_name(ev), bundle=ev.label)} {extra}"
                     .strip()))
@@ -201,51 +212,50 @@ def _summary(ev: Evidence, lang: Lang) -> list[Block]:
 
 def fingerprint_rows(ev: Evidence, lang: Lang) -> list[tuple[str, str, str]]:
     fp = ev.fingerprint
-    host = " / ".join(str(x) for x in (dig(fp, "host.kernel"), dig(fp, "host.os"),
-                                       dig(fp, "host.arch")) if x)
-    devices = dig(fp, "gpus.devices") or []
+    host = " / ".join(str(x) for x in (fp.host.kernel, fp.host.os, fp.host.arch) if x)
+    devices = fp.gpus.devices
     if devices:
         names: dict[str, int] = {}
         for d in devices:
-            key = f"{d.get('name') or '?'} ({_gib(d.get('memory_total_bytes'))})"
+            key = f"{d.name or '?'} ({_gib(d.memory_total_bytes)})"
             names[key] = names.get(key, 0) + 1
         gpus = ", ".join(f"{n}x {k}" for k, n in names.items())
-        used = sum(int(d.get("memory_used_bytes") or 0) for d in devices)
-        gpus += "; " + text(lang, "fp_in_use", size=_gib(used))
+        used = [d.memory_used_bytes for d in devices]
+        gpus += "; " + text(lang, "fp_in_use", size=_gib(
+            None if None in used else sum(u or 0 for u in used)))
     else:
-        gpus = text(lang, "fp_no_gpu", source=dig(fp, "gpus.source") or "?")
-    libs = [f"{lib.get('name')} {lib.get('version') or ''}".strip()
-            for lib in fp.get("libraries") or [] if isinstance(lib, Mapping)]
-    env = fp.get("env") or {}
+        gpus = text(lang, "fp_no_gpu", source=fp.gpus.source or "?")
+    libs = [f"{lib.name} {lib.version or ''}".strip() for lib in fp.libraries]
+    env = fp.env
     env_text = ", ".join(f"{k}={v}" for k, v in sorted(env.items())) if env else ""
     c = "fingerprint.json"
     return [
         (text(lang, "fp_host"), _v(host, lang), f"{c} host"),
-        (text(lang, "fp_cpu"), text(lang, "fp_cpu_value", n=dig(fp, "host.cpu_count") or "?",
-                                    mem=_gib(dig(fp, "host.mem_total_bytes"))), f"{c} host"),
+        (text(lang, "fp_cpu"), text(lang, "fp_cpu_value", n=fp.host.cpu_count or "?",
+                                    mem=_gib(fp.host.mem_total_bytes)), f"{c} host"),
         (text(lang, "fp_gpus"), gpus, f"{c} gpus (NVML)"),
-        (text(lang, "fp_driver"), _v(dig(fp, "gpus.driver_version"), lang), f"{c} gpus"),
-        (text(lang, "fp_cuda_driver"), _v(dig(fp, "gpus.cuda_driver_version"), lang),
+        (text(lang, "fp_driver"), _v(fp.gpus.driver_version, lang), f"{c} gpus"),
+        (text(lang, "fp_cuda_driver"), _v(fp.gpus.cuda_driver_version, lang),
          f"{c} gpus"),
-        (text(lang, "fp_runtime"), _v(dig(fp, "container.runtime"), lang),
-         _v(dig(fp, "container.runtime_source"), lang)),
-        (text(lang, "fp_image_ref"), _v(dig(fp, "container.image_ref"), lang),
-         _v(dig(fp, "container.image_ref_source"), lang)),
-        (text(lang, "fp_image_id"), _v(dig(fp, "container.image_id"), lang),
-         _v(dig(fp, "container.image_id_source"), lang)),
-        (text(lang, "fp_python"), f"{_v(dig(fp, 'python.python_version'), lang)} "
-                                  f"({_v(dig(fp, 'python.interpreter'), lang)})",
+        (text(lang, "fp_runtime"), _v(fp.container.runtime, lang),
+         _v(fp.container.runtime_source, lang)),
+        (text(lang, "fp_image_ref"), _v(fp.container.image_ref, lang),
+         _v(fp.container.image_ref_source, lang)),
+        (text(lang, "fp_image_id"), _v(fp.container.image_id, lang),
+         _v(fp.container.image_id_source, lang)),
+        (text(lang, "fp_python"), f"{_v(fp.python.python_version, lang)} "
+                                  f"({_v(fp.python.interpreter, lang)})",
          f"{c} python"),
-        (text(lang, "fp_vllm"), _v(dig(fp, "python.vllm_version"), lang), f"{c} python"),
-        (text(lang, "fp_torch"), _v(dig(fp, "python.torch_version"), lang), f"{c} python"),
-        (text(lang, "fp_torch_cuda"), _v(dig(fp, "python.torch_cuda"), lang), f"{c} python"),
-        (text(lang, "fp_nccl"), _v(dig(fp, "python.nccl_version"), lang), f"{c} python"),
-        (text(lang, "fp_visible"), _v(dig(fp, "python.cuda_device_count"), lang),
+        (text(lang, "fp_vllm"), _v(fp.python.vllm_version, lang), f"{c} python"),
+        (text(lang, "fp_torch"), _v(fp.python.torch_version, lang), f"{c} python"),
+        (text(lang, "fp_torch_cuda"), _v(fp.python.torch_cuda, lang), f"{c} python"),
+        (text(lang, "fp_nccl"), _v(fp.python.nccl_version, lang), f"{c} python"),
+        (text(lang, "fp_visible"), _v(fp.python.cuda_device_count, lang),
          f"{c} python"),
         (text(lang, "fp_libs"), ", ".join(libs) or text(lang, "not_recorded"),
          f"{c} libraries (/proc/PID/maps)"),
         (text(lang, "fp_env"), env_text or text(lang, "none"), f"{c} env"),
-        (text(lang, "fp_collected"), _v(fp.get("collected_at"), lang), c),
+        (text(lang, "fp_collected"), _v(fp.raw.get("collected_at"), lang), c),
     ]
 
 
@@ -256,10 +266,24 @@ class RemovedFlag:
     why: str
 
 
-def minimal_command(ev: Evidence) -> tuple[str | None, tuple[RemovedFlag, ...]]:
+#: flags that name or place the server, never a feature (the checklist must not count them)
+_IDENTITY_FLAGS = frozenset({"--served-model-name", "--host", "--port"})
+
+
+def _round_flags(d: DiffResult | None) -> set[str]:
+    """The flags this round changed against its baseline (``--x``): the round's own variable,
+    which the minimal command must keep so that it still reproduces the failure."""
+    if d is None:
+        return set()
+    return {c.label for c in d.variables if c.variable.startswith("argv:--")}
+
+
+def minimal_command(ev: Evidence, keep: set[str] | frozenset[str] = frozenset()
+                    ) -> tuple[str | None, tuple[RemovedFlag, ...]]:
     """The minimal start command (as ``kk3evidence minimize`` computes it) and what it drops.
 
-    Returns ``(None, ())`` when the argv is not a ``vllm serve`` command.
+    Flags in ``keep`` (``--x``: the round's own variable, e.g. the one ``--baseline`` names as
+    the cause) stay in. Returns ``(None, ())`` when the argv is not a ``vllm serve`` command.
     """
     from kk3evidence import vllm_args
 
@@ -272,41 +296,51 @@ def minimal_command(ev: Evidence) -> tuple[str | None, tuple[RemovedFlag, ...]]:
         m = minimize(list(ev.argv))
     except (ImportError, Kk3Error):
         # minimize unavailable or the command names no model: drop the known feature flags
-        flags = [f for f in cmd.flags if f in FEATURE_FLAGS]
+        flags = [f for f in cmd.flags if f in FEATURE_FLAGS and f"--{f}" not in keep]
         removed = tuple(RemovedFlag(f"--{f}", "feature", "adds a feature on top of a plain "
                                     "start") for f in flags)
         return vllm_args.render_shell(cmd.replace(drop=flags)), removed
-    removed = tuple(RemovedFlag(f"--{r.name}", r.cls, r.why) for r in m.removed)
-    return vllm_args.render_shell(m.minimal), removed
+    dropped = [r for r in m.removed if f"--{r.name}" not in keep]
+    kept_back = [r.name for r in m.removed if f"--{r.name}" in keep]
+    minimal = m.minimal
+    if kept_back:
+        minimal = cmd.replace(drop=[f for f in cmd.flags if f not in set(m.minimal.flags)
+                                    and f not in kept_back])
+    removed = tuple(RemovedFlag(f"--{r.name}", r.cls, r.why) for r in dropped)
+    return vllm_args.render_shell(minimal), removed
 
 
-def feature_flags(ev: Evidence) -> list[str]:
-    """Flags that are business extras in a start command (features, wrapper options)."""
-    _, removed = minimal_command(ev)
-    return [r.flag for r in removed if r.cls in ("feature", "business-wrapper")]
+def feature_flags(ev: Evidence, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Flags that are business extras in a start command (features, wrapper options); not the
+    server's name or address, not the round's own variable (``keep``)."""
+    _, removed = minimal_command(ev, keep)
+    return [r.flag for r in removed if r.cls in ("feature", "business-wrapper")
+            and r.flag not in _IDENTITY_FLAGS]
 
 
-def _command(ev: Evidence, lang: Lang) -> list[Block]:
+def _command(ev: Evidence, lang: Lang, keep: set[str] | frozenset[str] = frozenset()
+             ) -> list[Block]:
     if not ev.argv:
         return [Para(text(lang, "cmd_none"))]
     import shlex
 
     out: list[Block] = [Para(text(lang, "cmd_as_run")),
                         Code(" ".join(shlex.quote(a) for a in ev.argv), "bash")]
-    minimal, removed = minimal_command(ev)
+    minimal, removed = minimal_command(ev, keep)
     if minimal is None:
         return out
     if removed:
         out += [Para(text(lang, "cmd_minimal")), Code(minimal, "bash"),
                 Para(text(lang, "cmd_removed")),
-                Bullets(tuple(f"`{r.flag}` ({r.cls}): {r.why}" for r in removed))]
+                Bullets(tuple(f"`{r.flag}` ({class_name(lang, r.cls)}): {r.why}"
+                              for r in removed))]
     else:
         out.append(Para(text(lang, "cmd_is_minimal")))
     return out
 
 
-def _fixed(ev: Evidence) -> Mapping[str, Any] | None:
-    fixed = [r for r in ev.requests if r.get("kind") == "fixed"]
+def _fixed(ev: Evidence) -> Request | None:
+    fixed = [r for r in ev.requests if r.kind == "fixed"]
     pool = fixed or list(ev.requests)
     return pool[0] if pool else None
 
@@ -330,21 +364,20 @@ def _request(ev: Evidence, lang: Lang) -> list[Block]:
     req = _fixed(ev)
     if req is None:
         return [Para(text(lang, "req_none"))]
-    url = str(req.get("url") or "")
-    latency = req.get("latency_s")
+    url = req.url or ""
     out: list[Block] = [Para(text(
-        lang, "req_line", method=req.get("method") or "POST", path=urlsplit(url).path or url,
-        status=req.get("status") if req.get("status") is not None else "-",
-        latency=_secs(latency)))]
+        lang, "req_line", method=req.method or "POST", path=urlsplit(url).path or url,
+        status=req.status if req.status is not None else "-",
+        latency=_secs(req.latency_s)))]
     out += [Para(text(lang, "req_body")),
-            Code(json.dumps(req.get("request_body"), ensure_ascii=False, indent=2), "json")]
-    if req.get("error"):
-        out.append(Para(text(lang, "req_error", error=req["error"])))
-    if req.get("response_body") is not None:
+            Code(json.dumps(req.request_body, ensure_ascii=False, indent=2), "json")]
+    if req.error:
+        out.append(Para(text(lang, "req_error", error=req.error)))
+    if req.response_body is not None:
         out += [Para(text(lang, "req_response")),
-                Code(_response_excerpt(req.get("response_body")), "json")]
-    cached = req.get("cached_tokens")
-    usage = req.get("usage")
+                Code(_response_excerpt(req.response_body), "json")]
+    cached = req.cached_tokens
+    usage = req.usage
     out.append(Para(text(lang, "req_usage",
                          usage=json.dumps(usage, ensure_ascii=False) if usage else "-",
                          cached=cached if cached is not None else
@@ -352,7 +385,7 @@ def _request(ev: Evidence, lang: Lang) -> list[Block]:
     others = [r for r in ev.requests if r is not req]
     if others:
         out.append(Para(text(lang, "req_more", n=len(others), names=", ".join(
-            f"{r.get('name')} ({r.get('kind')}, HTTP {r.get('status')})" for r in others))))
+            f"{r.name} ({r.kind}, HTTP {r.status})" for r in others))))
     return out
 
 
@@ -363,7 +396,8 @@ def _failure(ev: Evidence, lang: Lang) -> list[Block]:
                                       last=ev.last_stage_reached or text(lang, "unknown")))]
         return out
     proc = text(lang, "process", process=ff["process"]) if ff.get("process") else ""
-    out = [Para(text(lang, "fail_fields", stage=ff.get("stage"), category=ff.get("category"),
+    out = [Para(text(lang, "fail_fields", stage=stage_name(lang, ff.get("stage")),
+                     category=ff.get("category"),
                      rule=ff.get("rule"), line_no=ff.get("line_no"), process=proc))]
     if ev.log_window:
         out += [Para(text(lang, "fail_lines")), Lines(ev.log_window, int(ff["line_no"]))]
@@ -395,7 +429,7 @@ def timeline(ev: Evidence, lang: Lang) -> Timeline | None:
     if not stages:
         return None
     times = ev.line_times
-    t0 = _iso_seconds(ev.launch.get("started_at"))
+    t0 = _iso_seconds(ev.launch.started_at)
     if times and t0 is None:
         t0 = min(times.values())
     unit: Literal["s", "line"] = "s" if times and t0 is not None else "line"
@@ -415,7 +449,7 @@ def timeline(ev: Evidence, lang: Lang) -> Timeline | None:
         spans.append((str(s.get("stage")), str(s.get("status")), at(first), at(max(first, last))))
     ff = ev.first_failure
     failure_at = at(int(ff["line_no"])) if ff and ff.get("line_no") else None
-    ready = ev.launch.get("ready_seconds")
+    ready = ev.launch.ready_seconds
     ready_at = float(ready) if unit == "s" and isinstance(ready, int | float) else None
     labels = {"ready": text(lang, "tl_ready"), "failure": text(lang, "tl_first_failure"),
               "axis": text(lang, "tl_axis_s" if unit == "s" else "tl_axis_l")}
@@ -431,7 +465,8 @@ def _timeline(ev: Evidence, lang: Lang) -> list[Block]:
         s: Mapping[str, Any] = next((x for x in (ev.analysis or {}).get("stages") or []
                                      if x.get("stage") == stage), {})
         when = f"{start:.1f}–{end:.1f} s" if tl.unit == "s" else "-"
-        rows.append((stage, status, f"{s.get('first_line')}–{s.get('last_line')}", when))
+        rows.append((stage_name(lang, stage), status_name(lang, status),
+                     f"{s.get('first_line')}–{s.get('last_line')}", when))
     return [tl, Table((text(lang, "tl_stage"), text(lang, "tl_status"), text(lang, "tl_lines"),
                        text(lang, "tl_time")), tuple(rows), status_col=1)]
 
@@ -514,13 +549,13 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
     results: dict[str, tuple[Status, str]] = {}
 
     # 1. driver + container CUDA in the same snapshot
-    driver = dig(fp, "gpus.driver_version")
+    driver = fp.gpus.driver_version
     cuda, _ = container_cuda(ev)
-    source = dig(fp, "gpus.source") or "?"
+    source = fp.gpus.source or "?"
     cuda_s = ".".join(str(x) for x in cuda) if cuda else None
     if driver and cuda_s:
         results["driver_cuda_same_time"] = ("pass", text(
-            lang, "ck1_pass", driver=driver, cuda=cuda_s, at=fp.get("collected_at") or "?"))
+            lang, "ck1_pass", driver=driver, cuda=cuda_s, at=fp.raw.get("collected_at") or "?"))
     elif driver:
         results["driver_cuda_same_time"] = ("fail", text(lang, "ck1_fail_cuda", driver=driver))
     elif cuda_s and source == "nvml":
@@ -530,12 +565,12 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
         results["driver_cuda_same_time"] = ("unknown", text(lang, "ck1_unknown", source=source))
 
     # 2. image id
-    image_id = dig(fp, "container.image_id")
-    runtime = dig(fp, "container.runtime")
-    ref = dig(fp, "container.image_ref")
+    image_id = fp.container.image_id
+    runtime = fp.container.runtime
+    ref = fp.container.image_ref
     if image_id:
         results["image_id"] = ("pass", text(lang, "ck2_pass", image_id=_truncate(image_id, 24),
-                                            how=dig(fp, "container.image_id_source") or "?"))
+                                            how=fp.container.image_id_source or "?"))
     elif ref:
         results["image_id"] = ("fail", text(lang, "ck2_fail", ref=ref))
     elif runtime:
@@ -548,7 +583,7 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
     if cmd is None:
         results["minimal_command"] = ("unknown", text(lang, "ck3_unknown"))
     else:
-        feats = feature_flags(ev)
+        feats = feature_flags(ev, _round_flags(baseline_diff))
         results["minimal_command"] = (("fail", text(lang, "ck3_fail", flags=", ".join(feats)))
                                       if feats else
                                       ("pass", text(lang, "ck3_pass", n=len(cmd.flags))))
@@ -584,8 +619,8 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
             results["fixed_request"] = ("pass", text(
                 lang, "ck5_pass", cap=sig.get("max_tokens"), temp=sig.get("temperature"),
                 chars=sig.get("input_length")))
-        conc = [r for r in ev.requests if r.get("kind") == "concurrency"]
-        if req.get("kind") == "concurrency":
+        conc = [r for r in ev.requests if r.kind == "concurrency"]
+        if req.kind == "concurrency":
             results["single_vs_load"] = ("fail", text(lang, "ck6_fail"))
         elif conc:
             results["single_vs_load"] = ("pass", text(lang, "ck6_pass_both", k=len(conc)))
@@ -593,15 +628,14 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
             results["single_vs_load"] = ("pass", text(lang, "ck6_pass", n=len(ev.requests)))
 
     # 7. one variable per round
-    changes = [c for c in ev.notes.get("changes") or [] if isinstance(c, Mapping)]
+    changes = ev.notes.changes
     if baseline_diff is not None:
         summary = _verdict_text(baseline_diff, lang)
         results["one_variable"] = (("fail", text(lang, "ck7_fail", summary=summary))
                                    if baseline_diff.verdict == "several" else
                                    ("pass", text(lang, "ck7_pass", summary=summary)))
     elif changes:
-        shown = "; ".join(f"{c.get('variable')}: {c.get('from')} -> {c.get('to')}"
-                          for c in changes[:4])
+        shown = "; ".join(f"{c.variable}: {c.before} -> {c.after}" for c in changes[:4])
         results["one_variable"] = (("pass", text(lang, "ck7_notes_pass", change=shown))
                                    if len(changes) == 1 else
                                    ("fail", text(lang, "ck7_notes_fail", n=len(changes),
@@ -610,17 +644,18 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
         results["one_variable"] = ("unknown", text(lang, "ck7_unknown"))
 
     # 8. back to the last stable baseline when the error changed
-    notes_text = [str(n) for n in ev.notes.get("notes") or []] + [
-        f"{c.get('variable')} {c.get('to')}" for c in changes]
+    notes_text = list(ev.notes.notes) + [f"{c.variable} {c.after}" for c in changes]
     revert = next((n for n in notes_text
                    if re.search(r"revert|rollback|roll back|back to baseline|되돌|복귀", n, re.I)),
                   None)
     if baseline is not None and baseline_diff is not None:
         bff = baseline.first_failure
-        if bff is None and baseline_diff.verdict in ("none", "one"):
+        if bff is None and baseline_diff.verdict == "none":
+            # This run is the baseline's configuration again: that is going back.
             results["reverted_baseline"] = ("pass", text(lang, "ck8_pass_baseline"))
-        elif bff is not None:
-            results["reverted_baseline"] = ("fail", text(lang, "ck8_fail", stage=bff.get("stage"),
+        elif bff is not None and not revert:
+            results["reverted_baseline"] = ("fail", text(lang, "ck8_fail",
+                                                         stage=stage_name(lang, bff.get("stage")),
                                                          category=bff.get("category")))
         else:
             results["reverted_baseline"] = ("unknown", text(lang, "ck8_unknown"))
@@ -630,41 +665,25 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
     else:
         results["reverted_baseline"] = ("unknown", text(lang, "ck8_unknown"))
 
-    # 9. prefix caching verified separately and explicitly
-    pc = cmd.flags.get("enable-prefix-caching") if cmd is not None else None
-    if pc is True:
-        others = [c.label for c in baseline_diff.variables] if baseline_diff else []
-        pm = _prefix_metrics(ev)
-        if baseline_diff is not None and others == ["--enable-prefix-caching"]:
-            results["prefix_caching"] = ("pass", text(lang, "ck9_pass_diff"))
-        elif baseline_diff is not None and "--enable-prefix-caching" in others:
-            results["prefix_caching"] = ("fail", text(lang, "ck9_fail_mixed",
-                                                      names=", ".join(others)))
-        elif pm is not None:
-            results["prefix_caching"] = ("pass", text(lang, "ck9_pass_metrics",
-                                                      queries=int(pm[0]), hits=int(pm[1])))
-        else:
-            results["prefix_caching"] = ("fail", text(lang, "ck9_fail_nobase"))
-    else:
-        how = "--no-enable-prefix-caching" if pc is False else "no --enable-prefix-caching"
-        results["prefix_caching"] = ("unknown", text(lang, "ck9_unknown_off", how=how))
+    # 9. prefix caching verified separately and explicitly (judged on what the engine ran
+    # with: vLLM's V1 engine turns it on by default)
+    results["prefix_caching"] = _prefix_item(ev, cmd, baseline_diff, lang)
 
     # 10. limits written: this document has the section
     results["repro_limits"] = ("pass", text(lang, "ck10_pass"))
 
     # 11. other jobs and GPU occupancy
-    cluster = ev.notes.get("cluster") if isinstance(ev.notes.get("cluster"), Mapping) else {}
-    cluster_text = str((cluster or {}).get("text") or "")
+    cluster_text = (ev.notes.cluster.text if ev.notes.cluster else None) or ""
     auto_text = cluster_text.startswith("GPU state unknown")  # capture's own "no NVML" note
-    devices = dig(fp, "gpus.devices") or []
+    devices = fp.gpus.devices
     if source == "nvml" and devices:
         results["cluster_state"] = ("pass", text(lang, "ck11_pass_nvml", n=len(devices),
-                                                 others=len(other_gpu_processes(ev))))
+                                                 others=len(other_gpu_processes(ev) or [])))
     elif cluster_text and not auto_text:
         results["cluster_state"] = ("pass", text(lang, "ck11_pass_notes",
                                                  text=_truncate(cluster_text, 100)))
     elif source == "error":
-        err = dig(fp, "gpus.error") or cluster_text or "NVML error"
+        err = fp.gpus.error or cluster_text or "NVML error"
         results["cluster_state"] = ("fail", text(lang, "ck11_fail", error=err))
     else:
         results["cluster_state"] = ("unknown", text(lang, "ck11_unknown"))
@@ -674,6 +693,45 @@ def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
         status, why = results[key]
         items.append(ChecklistItem(key, ko if lang == "ko" else en, status, why))
     return tuple(items)
+
+
+def _prefix_item(ev: Evidence, cmd: Any, d: DiffResult | None,
+                 lang: Lang) -> tuple[Status, str]:
+    pc = cmd.flags.get("enable-prefix-caching") if cmd is not None else None
+    eng = ev.engine_config
+    eff = eng.enable_prefix_caching if eng is not None else None
+    line = eng.lines.get("enable_prefix_caching") if eng is not None else None
+    on = eff if eff is not None else (True if pc is True else None)
+    pm = _prefix_metrics(ev)
+    others = [c.label for c in d.variables] if d else []
+    probe = ev.prefix_probe
+    if probe is not None and on is not False:
+        # capture's probe ran the same long prompt twice: its four checks are the evidence
+        failed = [c.id for c in probe.checks if c.status == "fail"]
+        if failed:
+            return "fail", text(lang, "ck9_probe_fail", checks=", ".join(failed))
+        if probe.status("second_request_hits_cache") == "pass":
+            return "pass", text(lang, "ck9_probe_pass", n=len(probe.checks))
+    if on is True:
+        if d is not None and others == ["--enable-prefix-caching"]:
+            return "pass", text(lang, "ck9_pass_diff")
+        if d is not None and "--enable-prefix-caching" in others:
+            return "fail", text(lang, "ck9_fail_mixed", names=", ".join(others))
+        if pc is not True:
+            # On by default: not chosen in this round, so not yet verified on its own.
+            how = text(lang, "ck9_engine_line", line=line if line is not None else "?")
+            if pm is not None:
+                return "pass", text(lang, "ck9_pass_default_metrics", how=how,
+                                    queries=int(pm[0]), hits=int(pm[1]))
+            return "unknown", text(lang, "ck9_default_on", how=how)
+        if pm is not None:
+            return "pass", text(lang, "ck9_pass_metrics", queries=int(pm[0]), hits=int(pm[1]))
+        return "fail", text(lang, "ck9_fail_nobase")
+    if on is False:
+        how = (text(lang, "ck9_engine_off", line=line) if line is not None else
+               "--no-enable-prefix-caching")
+        return "unknown", text(lang, "ck9_unknown_off", how=how)
+    return "unknown", text(lang, "ck9_unknown_no_engine")
 
 
 def _checklist(items: Sequence[ChecklistItem], lang: Lang) -> list[Block]:
@@ -688,14 +746,13 @@ def _checklist(items: Sequence[ChecklistItem], lang: Lang) -> list[Block]:
 
 
 def _limits(ev: Evidence, lang: Lang) -> list[Block]:
-    names = sorted({str(d.get("name")) for d in dig(ev.fingerprint, "gpus.devices") or []
-                    if isinstance(d, Mapping)})
-    gpus = ", ".join(names) if names else f"CPU {dig(ev.fingerprint, 'host.arch') or ''}".strip()
+    names = sorted({str(d.name) for d in ev.fingerprint.gpus.devices})
+    gpus = ", ".join(names) if names else f"CPU {ev.fingerprint.host.arch or ''}".strip()
     items = [text(lang, "lim_1"), text(lang, "lim_2", gpus=gpus), text(lang, "lim_3"),
              text(lang, "lim_4"),
              text(lang, "lim_5", n=len(ev.manifest.get("redactions") or []))]
     req = _fixed(ev)
-    if req is not None and req.get("cached_tokens") is None:
+    if req is not None and req.cached_tokens is None:
         items.append(text(lang, "lim_cached"))
     nc = ev.manifest.get("not_collected") or []
     if nc:
@@ -739,7 +796,7 @@ def build_report(ev: Evidence, baseline: Evidence | None = None, *, lang: Lang =
                                                                "text"),)),
                    Heading(text(lang, "gh_bug"), 3)]
         blocks += _summary(ev, lang)
-        blocks += _command(ev, lang)
+        blocks += _command(ev, lang, _round_flags(d))
         blocks += [Para(text(lang, "gh_expected"))]
         blocks += _request(ev, lang)
         blocks += [Details(text(lang, "gh_logs"), tuple(_failure(ev, lang)))]
@@ -752,7 +809,7 @@ def build_report(ev: Evidence, baseline: Evidence | None = None, *, lang: Lang =
     else:
         blocks += [Heading(text(lang, "h_summary")), *_summary(ev, lang)]
         blocks += [Heading(text(lang, "h_fingerprint")), fp_table]
-        blocks += [Heading(text(lang, "h_command")), *_command(ev, lang)]
+        blocks += [Heading(text(lang, "h_command")), *_command(ev, lang, _round_flags(d))]
         blocks += [Heading(text(lang, "h_request")), *_request(ev, lang)]
         blocks += [Heading(text(lang, "h_failure")), *_failure(ev, lang)]
         blocks += [Heading(text(lang, "h_timeline")), *_timeline(ev, lang)]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kk3evidence._version import __version__
-from kk3evidence.handoff.evidence import Evidence, dig
+from kk3evidence.handoff.evidence import Evidence
 
 __all__ = ["MAX_LINES", "render_snippet"]
 
@@ -70,27 +70,25 @@ def _failure(ev: Evidence, ff: Mapping[str, Any] | None) -> list[str]:
 
 def _essentials(ev: Evidence) -> list[str]:
     fp = ev.fingerprint
-    devices = dig(fp, "gpus.devices") or []
     names: dict[str, int] = {}
-    for d in devices:
-        if isinstance(d, Mapping):
-            key = str(d.get("name") or "?")
-            names[key] = names.get(key, 0) + 1
+    for d in fp.gpus.devices:
+        key = d.name or "?"
+        names[key] = names.get(key, 0) + 1
     gpus = ", ".join(f"{n}x {k}" for k, n in names.items()) or "none visible"
     facts = [
-        ("vLLM", dig(fp, "python.vllm_version")),
-        ("torch", dig(fp, "python.torch_version")),
-        ("torch CUDA", dig(fp, "python.torch_cuda")),
-        ("driver", dig(fp, "gpus.driver_version")),
-        ("CUDA driver", dig(fp, "gpus.cuda_driver_version")),
+        ("vLLM", fp.python.vllm_version),
+        ("torch", fp.python.torch_version),
+        ("torch CUDA", fp.python.torch_cuda),
+        ("driver", fp.gpus.driver_version),
+        ("CUDA driver", fp.gpus.cuda_driver_version),
     ]
     line = ", ".join(f"{k} {v}" for k, v in facts if v not in (None, ""))
-    image = dig(fp, "container.image_ref") or dig(fp, "container.image_id")
+    image = fp.container.image_ref or fp.container.image_id
     out = [f"- {line or 'versions not recorded'}", f"- GPUs: {gpus}"]
     if image:
         out.append(f"- image: {image}")
-    code = ev.launch.get("exit_code")
-    sig = ev.launch.get("signal")
+    code = ev.launch.exit_code
+    sig = ev.launch.signal
     end = f"exit code {code}" if code is not None else (f"signal {sig}" if sig else "running")
     out.append(f"- outcome: {end}; last stage reached: {ev.last_stage_reached or 'unknown'}")
     return out
