@@ -143,17 +143,20 @@ class EngineConfigCollector:
     _done: set[bytes] = field(default_factory=set)
 
     def scan(self, block: bytes, lo: int, hi: int, base: int) -> None:
-        """Look for the markers in ``block[lo:hi]``; ``base`` lines precede ``lo``."""
+        """Look for the markers in ``block[lo:hi]``; ``base`` lines precede ``lo``. Lines are
+        taken in log order, so the first statement of a value wins however the log was cut
+        into blocks."""
+        found: list[tuple[int, bytes, Callable[[str], dict[str, Any]]]] = []
         for marker, parse in _MARKERS:
             if marker in self._done:
                 continue
             pos = block.find(marker, lo, hi)
-            if pos < 0:
-                continue
-            start = block.rfind(b"\n", lo, pos) + 1 or lo
-            start = max(start, lo)
+            if pos >= 0:
+                found.append((pos, marker, parse))
+        for pos, marker, parse in sorted(found, key=lambda f: f[0]):
+            start = max(block.rfind(b"\n", lo, pos) + 1 or lo, lo)
             end = block.find(b"\n", pos, hi)
-            raw = block[start:hi if end < 0 else end]
+            raw = block[start : hi if end < 0 else end]
             line_no = base + block.count(b"\n", lo, start) + 1
             self.add_line(raw.decode("utf-8", errors="replace"), line_no, parse)
             self._done.add(marker)

@@ -232,6 +232,7 @@ def run_attach(
     redactor = runmod._new_redactor()
     writer = runmod._open_writer(staging, redactor)
     run = runmod._Run(cap, say, writer=writer, redactor=redactor, argv=info.argv, env=info.env)
+    run.server_pid = opts.pid  # readiness: the listener must belong to this process tree
     if grp is not None:
         runmod._safe(run, "manifest group", lambda: writer.set_group(grp.to_json()))
     for problem in info.problems:

@@ -410,6 +410,8 @@ class _Run:
         self.stop = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
         self.pgid: int | None = None
+        # a server we did not start (capture --attach): whose listener readiness accepts
+        self.server_pid: int | None = None
         self.started_mono = 0.0
         self.signals: list[int] = []
         self.interrupted_by: str | None = None
@@ -943,7 +945,7 @@ def _probe(run: _Run) -> None:
             stop=run.stop,
             headers=auth,
             verify=identity.verifier(target.host, target.port,
-                                     lambda: run.proc.pid if run.proc else None,
+                                     lambda: run.proc.pid if run.proc else run.server_pid,
                                      identity.expected_models(run.serve)),
         )
         run.readiness = rd

@@ -52,11 +52,6 @@ def _say(message: str) -> None:
     "Default: kk3-<UTC time>.tar here, numbered -2, -3, ... for captures of the same second.",
 )
 @click.option(
-    "--force",
-    is_flag=True,
-    help="Overwrite the bundle named by -o when it already exists (default: refuse, exit 2).",
-)
-@click.option(
     "--staging",
     type=click.Path(file_okay=False, path_type=Path),
     help="Staging folder (default: BUNDLE.staging beside the bundle).",
@@ -193,7 +188,6 @@ def _say(message: str) -> None:
 def command(
     *,
     output: Path | None,
-    force: bool,
     staging: Path | None,
     notes: tuple[str, ...],
     changes: tuple[str, ...],
@@ -234,10 +228,6 @@ def command(
         raise UsageError("capture: --attach PID takes no CMD (the server is already running)")
     if attach_log is not None and attach_pid is None:
         raise UsageError("capture: --log is for --attach; a started CMD's output is captured")
-    if output is not None and output.exists() and not force:
-        # Evidence is never lost silently: an earlier bundle under the same name stays.
-        raise UsageError(f"{output} already exists; pick another -o name or pass --force to "
-                         "overwrite it")
     opts = CaptureOptions(
         argv=cmd,
         output=output,

@@ -45,7 +45,7 @@ def test_capture_refuses_to_overwrite_a_bundle(tmp_path: Path) -> None:
     out.write_bytes(b"earlier evidence")
     res = CliRunner().invoke(main, ["capture", "-o", str(out), "--", "true"])
     assert res.exit_code == 2
-    assert "already exists" in res.output and "--force" in res.output
+    assert "already exists" in res.output and "never overwritten" in res.output
     assert out.read_bytes() == b"earlier evidence"
 
 
