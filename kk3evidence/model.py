@@ -7,7 +7,7 @@ these exact values. Records are frozen, slotted dataclasses; ``to_json()`` gives
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 # Stages in the seed's diagnostic order (not a time order), plus serving.
 STAGES: tuple[str, ...] = (
@@ -41,6 +41,11 @@ BASES: tuple[str, ...] = ("rule", "fallback", "stall")
 
 SEVERITIES: tuple[str, ...] = ("fatal", "error", "warning", "info")
 RULE_STATUSES: tuple[str, ...] = ("experimental", "stable", "deprecated")
+
+#: a JSON value as ``json.loads`` gives it (no NaN/Infinity in ours); recursive
+JSONValue: TypeAlias = "str | int | float | bool | list[JSONValue] | dict[str, JSONValue] | None"
+#: a JSON object (a bundle member such as ``launch.json``, a manifest entry)
+JSONObject: TypeAlias = "dict[str, JSONValue]"
 
 Stage = str
 Category = str
