@@ -40,11 +40,12 @@ import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, ClassVar, overload
 
 import ahocorasick
 
 __all__ = [
+    "ANCHORS",
     "KEY_FILE_ENV",
     "PLACEHOLDER_RE",
     "Redactor",
@@ -287,14 +288,14 @@ _PATTERNS: tuple[_Pattern, ...] = (
     ),
     _p("slack_token", (b"xox",), rb"xox[abposr]-[A-Za-z0-9-]{10,}", boundary=True),
 )
-# Every anchor of every pattern: a line holding none of them (and no known secret) is kept
-# as is without running any regex.
-_ANCHORS: tuple[bytes, ...] = tuple(sorted({a for p in _PATTERNS for a in p.anchors}))
+#: every anchor of every text pattern (lower case): a line holding none of them (and no known
+#: secret, and not inside a multi-line key) is kept as is without running any regex
+ANCHORS: tuple[bytes, ...] = tuple(sorted({a for p in _PATTERNS for a in p.anchors}))
 
 
 def _anchor_automaton() -> Any:
     automaton = ahocorasick.Automaton()
-    for anchor in _ANCHORS:
+    for anchor in ANCHORS:
         automaton.add_word(anchor.decode("latin-1"), anchor)
     automaton.make_automaton()
     return automaton
@@ -351,7 +352,15 @@ class Redactor:
     Call :meth:`env`, :meth:`argv` and :meth:`headers` first (they learn the secret values),
     then :meth:`text` once per log line (bytes or str). :meth:`records` gives the manifest's
     ``redactions`` list.
+
+    For a fast pre-filter of log blocks (``capture``'s ``LogRedactor``): :attr:`anchors` and
+    :meth:`known_values` are the literals a line must hold to need :meth:`text`,
+    :attr:`in_block` says every line needs it for now, :attr:`learned` grows when a secret is
+    learned, :meth:`replace_known` and :meth:`safe_cut` work on whole blocks.
     """
+
+    #: the lower-case literals one of which every text pattern needs (:data:`ANCHORS`)
+    anchors: ClassVar[tuple[bytes, ...]] = ANCHORS
 
     def __init__(self, *, key: bytes | None = None, min_known_length: int = 6) -> None:
         self._key = key
@@ -422,6 +431,16 @@ class Redactor:
         if len(raw) > MAX_KNOWN_BYTES:
             raw = b"\0sha256:" + hashlib.sha256(raw).digest()
         return self._by_value.get(raw)
+
+    @property
+    def learned(self) -> int:
+        """How many secrets have a placeholder so far (grows when one is learned)."""
+        return len(self._records)
+
+    def known_values(self) -> tuple[bytes, ...]:
+        """Every secret value (and spelling) searched for in text so far, longest first."""
+        self._known_regex()
+        return self._known
 
     def records(self) -> list[dict[str, Any]]:
         """``[{placeholder, kind, where, count}]`` in placeholder order; never the value."""
