@@ -1689,7 +1689,8 @@ def _apply_ledger(writer: BundleWriter, staging: Path) -> None:
 
     doc = read_ledger(staging)
     have = {(loss.get("member"), loss.get("reason")) for loss in writer._losses}
-    for loss in (doc or {}).get("losses") or []:
+    losses = (doc or {}).get("losses")
+    for loss in losses if isinstance(losses, list) else []:  # anything else holds no dicts
         if isinstance(loss, dict) and (loss.get("member"), loss.get("reason")) not in have:
             writer._losses.append(loss)
     if doc is not None and not doc.get("final"):

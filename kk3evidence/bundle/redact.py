@@ -44,6 +44,8 @@ from typing import Any, ClassVar, overload
 
 import ahocorasick
 
+from kk3evidence.model import JSONObject, JSONValue
+
 __all__ = [
     "ANCHORS",
     "KEY_FILE_ENV",
@@ -331,6 +333,17 @@ class _Record:
     where: set[str] = field(default_factory=set)
     count: int = 0
 
+    def to_json(self) -> JSONObject:
+        """The manifest's ``redactions`` entry (never the value)."""
+        where: list[JSONValue] = []
+        where.extend(sorted(self.where))
+        return {
+            "placeholder": self.placeholder,
+            "kind": self.kind,
+            "where": where,
+            "count": self.count,
+        }
+
 
 def _load_user_key(path: str | os.PathLike[str] | None) -> bytes | None:
     candidate = Path(path) if path is not None else None
@@ -442,17 +455,9 @@ class Redactor:
         self._known_regex()
         return self._known
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[JSONObject]:
         """``[{placeholder, kind, where, count}]`` in placeholder order; never the value."""
-        return [
-            {
-                "placeholder": r.placeholder,
-                "kind": r.kind,
-                "where": sorted(r.where),
-                "count": r.count,
-            }
-            for r in self._records.values()
-        ]
+        return [r.to_json() for r in self._records.values()]
 
     # structured inputs -----------------------------------------------------------------
     def value(self, value: str, label: str, *, where: str) -> str:
@@ -540,10 +545,10 @@ class Redactor:
                 out.append((name, self.text(value, where=here)))
         return dict(out) if isinstance(headers, Mapping) else out
 
-    def json(self, obj: Any, *, where: str = "json") -> Any:
+    def json(self, obj: JSONValue, *, where: str = "json") -> JSONValue:
         """A copy of a JSON value: values under secret-looking keys and secret text replaced."""
         if isinstance(obj, dict):
-            res: dict[str, Any] = {}
+            res: JSONObject = {}
             for k, v in obj.items():
                 here = f"{where}.{k}"
                 if isinstance(v, str) and is_secret_name(str(k)):
