@@ -39,7 +39,7 @@ from kk3evidence._version import __version__
 from kk3evidence.bundle import schema as _schema
 from kk3evidence.bundle.tarsafe import CHUNK, ArchiveError, Limits, SafeTar
 from kk3evidence.errors import BundleError
-from kk3evidence.model import FORMAT_IDS, JSONObject, Problem
+from kk3evidence.model import FORMAT_IDS, JSONObject, JSONValue, Problem
 
 if TYPE_CHECKING:
     from kk3evidence.bundle.redact import Redactor
@@ -277,7 +277,7 @@ class _Scanner:
         self.compression = "tar"
         self.seen: dict[str, _Seen] = {}
         self.manifest: JSONObject | None = None
-        self.documents: dict[str, Any] = {}
+        self.documents: dict[str, JSONValue] = {}
         self.file_id: _FileId | None = None
         self.manifest_corrupt = False
 
@@ -856,6 +856,16 @@ class _VerifiedStream(io.RawIOBase):
         super().close()
 
 
+def _object(doc: JSONValue) -> JSONObject | None:
+    """A verified member's document: an object (its schema says so), else ``None``."""
+    return doc if isinstance(doc, dict) else None
+
+
+def _objects(value: JSONValue) -> list[JSONObject]:
+    """A verified array of objects (its schema says so), as a new list."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
 class Bundle:
     """A verified bundle. Use :func:`open_bundle`; close it (or use ``with``) when done.
 
@@ -870,14 +880,14 @@ class Bundle:
         self.limits: Limits = scan.limits
         self.compression: str = scan.compression
         self.top_folder: str = scan.top or ""
-        self.manifest: dict[str, Any] = scan.manifest
+        self.manifest: JSONObject = scan.manifest
         docs = scan.documents
-        self.fingerprint: dict[str, Any] | None = docs.get("fingerprint.json")
-        self.launch: dict[str, Any] | None = docs.get("launch.json")
-        self.notes: dict[str, Any] | None = docs.get("notes.json")
-        self.analysis: dict[str, Any] | None = docs.get("analysis.json")
-        self.preflight: dict[str, Any] | None = docs.get("preflight.json")
-        self._documents: dict[str, Any] = docs
+        self.fingerprint: JSONObject | None = _object(docs.get("fingerprint.json"))
+        self.launch: JSONObject | None = _object(docs.get("launch.json"))
+        self.notes: JSONObject | None = _object(docs.get("notes.json"))
+        self.analysis: JSONObject | None = _object(docs.get("analysis.json"))
+        self.preflight: JSONObject | None = _object(docs.get("preflight.json"))
+        self._documents: dict[str, JSONValue] = docs
         self._members: dict[str, MemberInfo] = {
             name: MemberInfo(name, s.size, s.sha256, s.offset)
             for name, s in scan.seen.items()
@@ -920,12 +930,12 @@ class Bundle:
         return str(self.manifest.get("schema", ""))
 
     @property
-    def redactions(self) -> list[dict[str, Any]]:
-        return list(self.manifest.get("redactions", []))
+    def redactions(self) -> list[JSONObject]:
+        return _objects(self.manifest.get("redactions", []))
 
     @property
-    def not_collected(self) -> list[dict[str, Any]]:
-        return list(self.manifest.get("not_collected", []))
+    def not_collected(self) -> list[JSONObject]:
+        return _objects(self.manifest.get("not_collected", []))
 
     def names(self) -> list[str]:
         """Member names (relative to the top folder), manifest.json excluded, sorted."""
@@ -940,17 +950,19 @@ class Bundle:
         except KeyError:
             raise BundleError(f"{_show(str(self.path))}: no member {_show(name)!r}") from None
 
-    def json(self, name: str) -> Any:
+    def json(self, name: str) -> JSONValue:
         """A verified JSON member (``None`` if absent)."""
         return self._documents.get(name)
 
-    def requests(self) -> list[dict[str, Any]]:
+    def requests(self) -> list[JSONObject]:
         """Every ``requests/*.json`` record, ordered by member name."""
-        return [
-            self._documents[n]
-            for n in sorted(self._documents)
-            if n.startswith("requests/") and n.endswith(".json")
-        ]
+        return _objects(
+            [
+                self._documents[n]
+                for n in sorted(self._documents)
+                if n.startswith("requests/") and n.endswith(".json")
+            ]
+        )
 
     def metrics_labels(self) -> list[str]:
         return [
@@ -1078,7 +1090,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _dumps(obj: Any) -> bytes:
+def _dumps(obj: object) -> bytes:
     try:
         text = json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -1167,14 +1179,28 @@ class BundleWriter:
         self._save_state()
 
     @classmethod
-    def resume(cls, staging_dir: str | os.PathLike[str], **kwargs: Any) -> BundleWriter:
+    def resume(
+        cls,
+        staging_dir: str | os.PathLike[str],
+        *,
+        bundle_id: str | None = None,
+        created: datetime | None = None,
+        redactor: Redactor | None = None,
+        tool_version: str = __version__,
+    ) -> BundleWriter:
         """Reopen an existing staging folder (it must carry a ``staging.json`` marker)."""
         if not is_staging_dir(staging_dir):
             raise BundleError(
                 f"{_show(str(staging_dir))} is not a kk3evidence staging folder "
                 "(no valid staging.json)"
             )
-        return cls(staging_dir, **kwargs)
+        return cls(
+            staging_dir,
+            bundle_id=bundle_id,
+            created=created,
+            redactor=redactor,
+            tool_version=tool_version,
+        )
 
     # state -----------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -1215,7 +1241,7 @@ class BundleWriter:
         return self.staging_dir / _check_writer_name(member)
 
     # members ---------------------------------------------------------------------------
-    def write_json(self, member: str, obj: Any, *, validate: bool = True) -> None:
+    def write_json(self, member: str, obj: object, *, validate: bool = True) -> None:
         """Write a JSON member atomically (replacing any earlier version)."""
         path = self.path_of(member)
         data = _dumps(obj)
@@ -1362,7 +1388,7 @@ class BundleWriter:
         self,
         out_path: str | os.PathLike[str],
         *,
-        redactions: Iterable[Mapping[str, Any]] | None = None,
+        redactions: Iterable[Mapping[str, object]] | None = None,
         remove_staging: bool = True,
         _sealed: bool = False,
     ) -> Path:
@@ -1389,10 +1415,11 @@ class BundleWriter:
                 else _hash_file(self.staging_dir / name)
             )
             entries.append({"name": name, "size": size, "sha256": sha})
+        red: list[Mapping[str, object]]
         if redactions is not None:
             red = [dict(r) for r in redactions]
         elif self.redactor is not None:
-            red = self.redactor.records()
+            red = list(self.redactor.records())
         else:
             red = list(self._redactions)
         if _sealed:
@@ -1586,8 +1613,8 @@ _PLACEHOLDER_RE = re.compile(rb"<redacted:([A-Za-z0-9_.-]+)#([0-9]+)(?::[0-9a-f]
 
 
 def _merge_found_placeholders(
-    records: list[dict[str, Any]], root: Path, members: list[str]
-) -> list[dict[str, Any]]:
+    records: list[Mapping[str, object]], root: Path, members: list[str]
+) -> list[Mapping[str, object]]:
     """Seal: list placeholders present in text members but missing from the saved records."""
     known = {str(r.get("placeholder")) for r in records}
     found: dict[str, dict[str, Any]] = {}
