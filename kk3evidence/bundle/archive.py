@@ -365,7 +365,7 @@ class _Scanner:
         verdict = yield from self._read_member(tar, member, state)
         if verdict is not _Next.GO:
             return verdict
-        return (yield from self._check_self_sha256(member))
+        return (yield from self._check_own_sha256(member))
 
     def _check_count(self, state: _PassState) -> _Check:
         """Counts the header; past ``max_members`` the pass stops."""
@@ -576,7 +576,7 @@ class _Scanner:
         self.seen[rest] = _Seen(info.size, digest.hexdigest(), info.offset_data, data)
         return _Next.GO
 
-    def _check_self_sha256(self, member: _Member) -> _Check:
+    def _check_own_sha256(self, member: _Member) -> _Check:
         """manifest.json matches its own ``self_sha256`` (else nothing in it is trusted)."""
         seen = self.seen[member.rest]
         if member.rest == MANIFEST and seen.data is not None:
