@@ -243,10 +243,8 @@ class _Member:
     key: str  # the whole normalised name
 
     @classmethod
-    def of(cls, info: tarfile.TarInfo, parts: list[str]) -> _Member:
-        return cls(
-            info, _show(info.name), tuple(parts), parts[0], "/".join(parts[1:]), "/".join(parts)
-        )
+    def of(cls, info: tarfile.TarInfo, shown: str, parts: list[str]) -> _Member:
+        return cls(info, shown, tuple(parts), parts[0], "/".join(parts[1:]), "/".join(parts))
 
 
 def _special_kind(info: tarfile.TarInfo) -> str:
@@ -426,7 +424,7 @@ class _Scanner:
         if not _TOP_RE.match(parts[0]):
             yield Problem("bad-name", "the top folder name has unexpected characters", member=shown)
             return None
-        return _Member.of(info, parts)
+        return _Member.of(info, shown, parts)
 
     def _check_type(self, member: _Member, state: _PassState) -> _Check:
         """Types before data: nothing but regular files and folders."""
