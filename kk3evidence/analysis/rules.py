@@ -354,7 +354,7 @@ def _load_docs(docs: Iterable[tuple[str, str]], *, strict: bool = True) -> RuleS
     rules: list[Rule] = []
     problems: list[str] = []
     for source, text in docs:
-        doc = load_toml(text, source, error=RuleError)
+        doc: dict[str, Any] = load_toml(text, source, error=RuleError)
         file_problems = list(iter_rule_problems(doc, source, strict=strict))
         if file_problems:
             problems.extend(file_problems)
@@ -557,7 +557,7 @@ def _str_list(v: Any, what: str, source: str) -> list[str]:
 
 def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> StageHints:
     """Validate and build :class:`StageHints` from the TOML text (one-line RuleError)."""
-    doc = load_toml(text, source, error=RuleError)
+    doc: dict[str, Any] = load_toml(text, source, error=RuleError)
     if doc.get("schema") != STAGE_HINTS_SCHEMA:
         raise RuleError(f"{source}: schema must be {STAGE_HINTS_SCHEMA!r}")
     unknown = sorted(set(doc) - _HINTS_TOP)

@@ -17,6 +17,7 @@ Writing (:class:`BundleWriter`) goes into a staging folder that mirrors the memb
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import gzip
 import hashlib
@@ -27,8 +28,8 @@ import re
 import shutil
 import tarfile
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -38,7 +39,7 @@ from kk3evidence._version import __version__
 from kk3evidence.bundle import schema as _schema
 from kk3evidence.bundle.tarsafe import CHUNK, ArchiveError, Limits, SafeTar
 from kk3evidence.errors import BundleError
-from kk3evidence.model import FORMAT_IDS, Problem
+from kk3evidence.model import FORMAT_IDS, JSONObject, JSONValue, Problem
 
 if TYPE_CHECKING:
     from kk3evidence.bundle.redact import Redactor
@@ -199,8 +200,73 @@ def _member_limit(name: str, limits: Limits) -> int:
     return limits.max_member_bytes
 
 
+class _Next(enum.Enum):
+    """What the archive pass does after a check: the member's next check (``GO``), the next
+    member (``SKIP``), or nothing more (``STOP``: the rest of the archive cannot be trusted)."""
+
+    GO = "go"
+    SKIP = "skip"
+    STOP = "stop"
+
+
+#: one check of a scan, in the style of ``jsonschema``'s ``iter_errors``: it yields located
+#: problems and returns what the scanner does next (``verdict = yield from check(...)``)
+_Check = Generator[Problem, None, _Next]
+
+
+#: manifest.json's entries by name: (size, sha256), each ``None`` where the entry lacks it
+_Listed = dict[str, tuple[int | None, str | None]]
+
+
+@dataclass(slots=True)
+class _PassState:
+    """What the archive pass has counted and seen so far, across members."""
+
+    count: int = 0
+    total: int = 0
+    json_total: int = 0
+    cached: int = 0
+    tops: list[str] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+    folded_names: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    """A tar header whose name passed the name check."""
+
+    info: tarfile.TarInfo
+    shown: str  # the raw name, safe to print
+    parts: tuple[str, ...]  # the name's components, the top folder first
+    top: str
+    rest: str  # the name relative to the top folder ("" for the top folder itself)
+    key: str  # the whole normalised name
+
+    @classmethod
+    def of(cls, info: tarfile.TarInfo, shown: str, parts: list[str]) -> _Member:
+        return cls(info, shown, tuple(parts), parts[0], "/".join(parts[1:]), "/".join(parts))
+
+
+def _special_kind(info: tarfile.TarInfo) -> str:
+    """What a tar member that is neither a regular file nor a folder is, in words."""
+    if info.ischr():
+        return "character device"
+    if info.isblk():
+        return "block device"
+    if info.isfifo():
+        return "FIFO"
+    if info.issparse():
+        return "sparse file"
+    return f"member of tar type {info.type.decode('latin-1')!r}"
+
+
 class _Scanner:
-    """One streaming pass over a bundle; yields problems and keeps what a Bundle needs."""
+    """One streaming pass over a bundle; yields problems and keeps what a Bundle needs.
+
+    The pass is composed of one generator per check (:meth:`_scan_member` lists them in the
+    order they run on each header); after the pass, :meth:`_check_manifest` composes the
+    checks of the manifest against what was really there.
+    """
 
     def __init__(self, path: str | os.PathLike[str], limits: Limits) -> None:
         self.path = Path(path)
@@ -208,21 +274,41 @@ class _Scanner:
         self.top: str | None = None
         self.compression = "tar"
         self.seen: dict[str, _Seen] = {}
-        self.manifest: dict[str, Any] | None = None
-        self.documents: dict[str, Any] = {}
+        self.manifest: JSONObject | None = None
+        self.documents: dict[str, JSONValue] = {}
         self.file_id: _FileId | None = None
         self.manifest_corrupt = False
 
     def run(self) -> Iterator[Problem]:
+        st = yield from self._check_file()
+        if st is None:
+            return
+        self.file_id = _FileId.of(st)
+        fatal = False
+        try:
+            with SafeTar(self.path, self.limits) as tar:
+                self.compression = tar.compression
+                for problem in self._scan_archive(tar):
+                    fatal = fatal or problem.code in _FATAL
+                    yield problem
+        except ArchiveError as exc:
+            yield Problem(exc.code, exc.message, member=exc.member)
+            return
+        if fatal:
+            return
+        yield from self._check_manifest()
+
+    def _check_file(self) -> Generator[Problem, None, os.stat_result | None]:
+        """The path names a non-empty regular file (else why not); returns its stat."""
         p = self.path
         try:
             st = p.stat()
         except FileNotFoundError:
             yield Problem("not-found", f"no such file: {_show(str(p))}")
-            return
+            return None
         except OSError as exc:
             yield Problem("unreadable", f"cannot read {_show(str(p))}: {exc.strerror}")
-            return
+            return None
         if p.is_dir():
             hint = (
                 "; it looks like a capture's staging folder: run `kk3evidence seal` on it"
@@ -230,272 +316,95 @@ class _Scanner:
                 else ""
             )
             yield Problem("not-a-file", f"{_show(str(p))} is a directory, not a bundle{hint}")
-            return
+            return None
         if not p.is_file():
             yield Problem("not-a-file", f"{_show(str(p))} is not a regular file")
-            return
+            return None
         if st.st_size == 0:
             yield Problem("empty-file", "the file is empty (0 bytes); not a bundle")
-            return
-        self.file_id = _FileId.of(st)
-        try:
-            with SafeTar(p, self.limits) as tar:
-                self.compression = tar.compression
-                yield from self._scan_archive(tar)
-        except ArchiveError as exc:
-            yield Problem(exc.code, exc.message, member=exc.member)
-            return
-        if any(pr.code in _FATAL for pr in self._problems):
-            return
-        yield from self._check_manifest()
+            return None
+        return st
 
     # The archive pass ------------------------------------------------------------------------
-    _problems: list[Problem]
-
-    def _emit(self, problem: Problem) -> Problem:
-        self._problems.append(problem)
-        return problem
-
     def _scan_archive(self, tar: SafeTar) -> Iterator[Problem]:
-        self._problems = []
-        lim = self.limits
-        count = 0
-        total = 0
-        tops: list[str] = []
-        names: set[str] = set()
-        folded_names: dict[str, str] = {}
-        cached = 0
-        json_total = 0
+        """The single streaming pass: every header through the member checks, then the end."""
+        state = _PassState()
         for info in tar.headers():
-            count += 1
-            if count > lim.max_members:
-                yield self._emit(
-                    Problem(
-                        "too-many-members",
-                        f"the archive has more than {lim.max_members} members",
-                        expected=f"<= {lim.max_members}",
-                    )
-                )
+            if (yield from self._scan_member(tar, info, state)) is _Next.STOP:
                 return
-            raw = info.name
-            shown = _show(raw)
-            if info.isdir() and raw.strip("/") in ("", "."):
-                continue  # the "./" entry `tar -C dir .` writes
-            problem, parts = self._check_name(raw, info)
-            if problem is not None:
-                yield self._emit(problem)
-                continue
-            # Types before data: nothing but regular files and folders.
-            if info.issym() or info.islnk():
-                kind = "symbolic" if info.issym() else "hard"
-                yield self._emit(
-                    Problem(
-                        "link",
-                        f"{kind} link to {_show(info.linkname)!r}; bundles may not contain links",
-                        member=shown,
-                    )
-                )
-                continue
-            if info.size < 0:
-                yield self._emit(
-                    Problem(
-                        "corrupt-archive", f"declares a negative size ({info.size})", member=shown
-                    )
-                )
-                return
-            if info.type == tarfile.GNUTYPE_SPARSE or info.sparse is not None:
-                yield self._emit(
-                    Problem(
-                        "special-file",
-                        "is a sparse file; bundles hold only regular files",
-                        member=shown,
-                    )
-                )
-                continue
-            if not (info.isreg() or info.isdir()):
-                what = (
-                    "character device"
-                    if info.ischr()
-                    else "block device"
-                    if info.isblk()
-                    else "FIFO"
-                    if info.isfifo()
-                    else "sparse file"
-                    if info.issparse()
-                    else f"member of tar type {info.type.decode('latin-1')!r}"
-                )
-                yield self._emit(
-                    Problem(
-                        "special-file",
-                        f"is a {what}; bundles hold only regular files",
-                        member=shown,
-                    )
-                )
-                continue
-            top, rest = parts[0], "/".join(parts[1:])
-            key = "/".join(parts)
-            if key in names:
-                yield self._emit(
-                    Problem(
-                        "duplicate-member", "appears more than once in the archive", member=shown
-                    )
-                )
-                continue
-            names.add(key)
-            folded = key.casefold()
-            if folded in folded_names:
-                yield self._emit(
-                    Problem(
-                        "duplicate-member",
-                        f"differs only in letter case from {_show(folded_names[folded])!r} "
-                        "(they would collide on a case-insensitive file system)",
-                        member=shown,
-                    )
-                )
-                continue
-            folded_names[folded] = key
-            if not rest and not info.isdir():
-                yield self._emit(
-                    Problem(
-                        "outside-top-folder",
-                        "is not inside the bundle's top folder",
-                        member=shown,
-                    )
-                )
-                continue
-            if top not in tops:
-                tops.append(top)
-                if len(tops) == 2:
-                    yield self._emit(
-                        Problem(
-                            "multiple-top-folders",
-                            f"the archive has more than one top folder ({_show(tops[0])!r} and "
-                            f"{_show(top)!r}); a bundle has exactly one",
-                            member=shown,
-                        )
-                    )
-            if info.isdir():
-                if rest and not (
-                    parts[1] in EXTRA_FOLDERS and all(_TOP_RE.match(x) for x in parts[1:])
-                ):
-                    yield self._emit(
-                        Problem("unexpected-member", "is not a v1 bundle folder", member=shown)
-                    )
-                continue
-            if top != tops[0]:
-                continue  # already reported
-            if not is_member_name(rest):
-                yield self._emit(
-                    Problem(
-                        "unexpected-member",
-                        "is not a v1 bundle member (allowed: manifest.json, fingerprint.json, "
-                        "launch.json, notes.json, analysis.json, preflight.json, logs/, "
-                        "requests/, metrics/, probes/)",
-                        member=_show(rest),
-                    )
-                )
-                continue
-            limit = _member_limit(rest, lim)
-            if info.size > limit:
-                yield self._emit(
-                    Problem(
-                        "member-too-large",
-                        f"is {info.size} bytes, over the {limit}-byte limit for this member",
-                        member=rest,
-                        expected=f"<= {limit}",
-                        actual=str(info.size),
-                    )
-                )
-                continue
-            if rest.endswith(".json"):
-                json_total += info.size
-                if json_total > lim.max_json_total_bytes:
-                    yield self._emit(
-                        Problem(
-                            "archive-too-large",
-                            f"JSON members add up to more than {lim.max_json_total_bytes} bytes",
-                            member=rest,
-                        )
-                    )
-                    return
-            total += info.size
-            if total > lim.max_total_bytes:
-                yield self._emit(
-                    Problem(
-                        "archive-too-large",
-                        f"members add up to more than {lim.max_total_bytes} bytes",
-                        member=rest,
-                    )
-                )
-                return
-            digest = hashlib.sha256()
-            # JSON is parsed after the pass; small metrics are kept so metrics() need not
-            # decompress the archive again.
-            keep = rest.endswith(".json") or (
-                rest.startswith("metrics/")
-                and info.size <= _CACHE_MEMBER_BYTES
-                and cached + info.size <= _CACHE_TOTAL_BYTES
-            )
-            if keep and not rest.endswith(".json"):
-                cached += info.size
-            chunks: list[bytes] = []
-            try:
-                for chunk in tar.read_data(info.offset_data, info.size):
-                    digest.update(chunk)
-                    if keep:
-                        chunks.append(chunk)
-            except ArchiveError as exc:
-                yield self._emit(Problem(exc.code, exc.message, member=rest))
-                return
-            got = digest.hexdigest()
-            self.seen[rest] = _Seen(
-                info.size, got, info.offset_data, b"".join(chunks) if keep else None
-            )
-            if rest == MANIFEST and keep:
-                problem = _check_self_sha256(self.seen[rest].data or b"")
-                if problem is not None:
-                    self.manifest_corrupt = True
-                    yield self._emit(problem)
-        if tops:
-            self.top = tops[0]
-        try:
-            tar.check_end()
-        except ArchiveError as exc:
-            member = exc.member
-            if member is not None and self.top and member.startswith(self.top + "/"):
-                member = member[len(self.top) + 1 :]
-            yield self._emit(Problem(exc.code, exc.message, member=member))
+        if state.tops:
+            self.top = state.tops[0]
+        if (yield from self._check_end(tar)) is _Next.STOP:
             return
-        if count == 0:
-            yield self._emit(Problem("not-tar", "the archive has no members; not a bundle"))
+        if state.count == 0:
+            yield Problem("not-tar", "the archive has no members; not a bundle")
 
-    def _check_name(self, raw: str, info: tarfile.TarInfo) -> tuple[Problem | None, list[str]]:
+    def _scan_member(self, tar: SafeTar, info: tarfile.TarInfo, state: _PassState) -> _Check:
+        """Every check of one header, in order: the first that does not say GO decides."""
+        verdict = yield from self._check_count(state)
+        if verdict is not _Next.GO:
+            return verdict
+        if info.isdir() and info.name.strip("/") in ("", "."):
+            return _Next.SKIP  # the "./" entry `tar -C dir .` writes
+        member = yield from self._check_name(info)
+        if member is None:
+            return _Next.SKIP
+        checks = (
+            self._check_type,
+            self._check_unique,
+            self._check_top_folder,
+            self._check_member_name,
+            self._check_size,
+        )
+        for check in checks:
+            verdict = yield from check(member, state)
+            if verdict is not _Next.GO:
+                return verdict
+        verdict = yield from self._read_member(tar, member, state)
+        if verdict is not _Next.GO:
+            return verdict
+        return (yield from self._check_own_sha256(member))
+
+    def _check_count(self, state: _PassState) -> _Check:
+        """Counts the header; past ``max_members`` the pass stops."""
+        state.count += 1
+        limit = self.limits.max_members
+        if state.count > limit:
+            yield Problem(
+                "too-many-members",
+                f"the archive has more than {limit} members",
+                expected=f"<= {limit}",
+            )
+            return _Next.STOP
+        return _Next.GO
+
+    def _check_name(self, info: tarfile.TarInfo) -> Generator[Problem, None, _Member | None]:
+        """The raw name is safe (UTF-8, bounded, relative, no control characters, no '..')."""
+        raw = info.name
         shown = _show(raw)
         try:
             encoded = raw.encode("utf-8")
         except UnicodeEncodeError:
-            return Problem("bad-name", "member name is not valid UTF-8", member=shown), []
+            yield Problem("bad-name", "member name is not valid UTF-8", member=shown)
+            return None
         if len(encoded) > self.limits.max_name_bytes:
-            return (
-                Problem(
-                    "bad-name",
-                    f"member name is {len(encoded)} bytes long "
-                    f"(limit {self.limits.max_name_bytes})",
-                    member=shown[:80] + "…",
-                ),
-                [],
+            yield Problem(
+                "bad-name",
+                f"member name is {len(encoded)} bytes long (limit {self.limits.max_name_bytes})",
+                member=shown[:80] + "…",
             )
+            return None
         if any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
-            return Problem("bad-name", "member name contains control characters", member=shown), []
+            yield Problem("bad-name", "member name contains control characters", member=shown)
+            return None
         if raw.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", raw):
-            return (
-                Problem(
-                    "absolute-path", "absolute path; bundle members must be relative", member=shown
-                ),
-                [],
+            yield Problem(
+                "absolute-path", "absolute path; bundle members must be relative", member=shown
             )
+            return None
         if "\\" in raw:
-            return Problem("bad-name", "member name contains a backslash", member=shown), []
+            yield Problem("bad-name", "member name contains a backslash", member=shown)
+            return None
         name = raw
         while name.startswith("./"):
             name = name[2:]
@@ -503,72 +412,254 @@ class _Scanner:
             name = name.rstrip("/")
         parts = name.split("/")
         if ".." in parts:
-            return (
-                Problem(
-                    "path-traversal",
-                    "member name contains '..' and would escape the bundle folder",
-                    member=shown,
-                ),
-                [],
+            yield Problem(
+                "path-traversal",
+                "member name contains '..' and would escape the bundle folder",
+                member=shown,
             )
+            return None
         if not name or any(x in ("", ".") for x in parts):
-            return (
-                Problem("bad-name", "member name has an empty or '.' component", member=shown),
-                [],
-            )
+            yield Problem("bad-name", "member name has an empty or '.' component", member=shown)
+            return None
         if not _TOP_RE.match(parts[0]):
-            return (
-                Problem("bad-name", "the top folder name has unexpected characters", member=shown),
-                [],
+            yield Problem("bad-name", "the top folder name has unexpected characters", member=shown)
+            return None
+        return _Member.of(info, shown, parts)
+
+    def _check_type(self, member: _Member, state: _PassState) -> _Check:
+        """Types before data: nothing but regular files and folders."""
+        info, shown = member.info, member.shown
+        if info.issym() or info.islnk():
+            kind = "symbolic" if info.issym() else "hard"
+            yield Problem(
+                "link",
+                f"{kind} link to {_show(info.linkname)!r}; bundles may not contain links",
+                member=shown,
             )
-        return None, parts
+            return _Next.SKIP
+        if info.size < 0:
+            yield Problem(
+                "corrupt-archive", f"declares a negative size ({info.size})", member=shown
+            )
+            return _Next.STOP
+        if info.type == tarfile.GNUTYPE_SPARSE or info.sparse is not None:
+            yield Problem(
+                "special-file", "is a sparse file; bundles hold only regular files", member=shown
+            )
+            return _Next.SKIP
+        if not (info.isreg() or info.isdir()):
+            yield Problem(
+                "special-file",
+                f"is a {_special_kind(info)}; bundles hold only regular files",
+                member=shown,
+            )
+            return _Next.SKIP
+        return _Next.GO
+
+    def _check_unique(self, member: _Member, state: _PassState) -> _Check:
+        """No name twice, not even in another letter case."""
+        key, shown = member.key, member.shown
+        if key in state.names:
+            yield Problem("duplicate-member", "appears more than once in the archive", member=shown)
+            return _Next.SKIP
+        state.names.add(key)
+        folded = key.casefold()
+        if folded in state.folded_names:
+            yield Problem(
+                "duplicate-member",
+                f"differs only in letter case from {_show(state.folded_names[folded])!r} "
+                "(they would collide on a case-insensitive file system)",
+                member=shown,
+            )
+            return _Next.SKIP
+        state.folded_names[folded] = key
+        return _Next.GO
+
+    def _check_top_folder(self, member: _Member, state: _PassState) -> _Check:
+        """Every member inside one top folder (a second top folder is reported once)."""
+        top, shown, tops = member.top, member.shown, state.tops
+        if not member.rest and not member.info.isdir():
+            yield Problem(
+                "outside-top-folder", "is not inside the bundle's top folder", member=shown
+            )
+            return _Next.SKIP
+        if top not in tops:
+            tops.append(top)
+            if len(tops) == 2:
+                yield Problem(
+                    "multiple-top-folders",
+                    f"the archive has more than one top folder ({_show(tops[0])!r} and "
+                    f"{_show(top)!r}); a bundle has exactly one",
+                    member=shown,
+                )
+        return _Next.GO
+
+    def _check_member_name(self, member: _Member, state: _PassState) -> _Check:
+        """Folders and files are v1 bundle members (folders end the member's checks)."""
+        parts, rest = member.parts, member.rest
+        if member.info.isdir():
+            if rest and not (
+                parts[1] in EXTRA_FOLDERS and all(_TOP_RE.match(x) for x in parts[1:])
+            ):
+                yield Problem("unexpected-member", "is not a v1 bundle folder", member=member.shown)
+            return _Next.SKIP
+        if member.top != state.tops[0]:
+            return _Next.SKIP  # already reported
+        if not is_member_name(rest):
+            yield Problem(
+                "unexpected-member",
+                "is not a v1 bundle member (allowed: manifest.json, fingerprint.json, "
+                "launch.json, notes.json, analysis.json, preflight.json, logs/, "
+                "requests/, metrics/, probes/)",
+                member=_show(rest),
+            )
+            return _Next.SKIP
+        return _Next.GO
+
+    def _check_size(self, member: _Member, state: _PassState) -> _Check:
+        """The member's own limit, then the JSON and archive totals (past those, stop)."""
+        size, rest, lim = member.info.size, member.rest, self.limits
+        limit = _member_limit(rest, lim)
+        if size > limit:
+            yield Problem(
+                "member-too-large",
+                f"is {size} bytes, over the {limit}-byte limit for this member",
+                member=rest,
+                expected=f"<= {limit}",
+                actual=str(size),
+            )
+            return _Next.SKIP
+        if rest.endswith(".json"):
+            state.json_total += size
+            if state.json_total > lim.max_json_total_bytes:
+                yield Problem(
+                    "archive-too-large",
+                    f"JSON members add up to more than {lim.max_json_total_bytes} bytes",
+                    member=rest,
+                )
+                return _Next.STOP
+        state.total += size
+        if state.total > lim.max_total_bytes:
+            yield Problem(
+                "archive-too-large",
+                f"members add up to more than {lim.max_total_bytes} bytes",
+                member=rest,
+            )
+            return _Next.STOP
+        return _Next.GO
+
+    def _read_member(self, tar: SafeTar, member: _Member, state: _PassState) -> _Check:
+        """Hash the member's data; a read error ends the pass."""
+        info, rest = member.info, member.rest
+        # JSON is parsed after the pass; small metrics are kept so metrics() need not
+        # decompress the archive again.
+        keep = rest.endswith(".json") or (
+            rest.startswith("metrics/")
+            and info.size <= _CACHE_MEMBER_BYTES
+            and state.cached + info.size <= _CACHE_TOTAL_BYTES
+        )
+        if keep and not rest.endswith(".json"):
+            state.cached += info.size
+        digest = hashlib.sha256()
+        chunks: list[bytes] = []
+        try:
+            for chunk in tar.read_data(info.offset_data, info.size):
+                digest.update(chunk)
+                if keep:
+                    chunks.append(chunk)
+        except ArchiveError as exc:
+            yield Problem(exc.code, exc.message, member=rest)
+            return _Next.STOP
+        data = b"".join(chunks) if keep else None
+        self.seen[rest] = _Seen(info.size, digest.hexdigest(), info.offset_data, data)
+        return _Next.GO
+
+    def _check_own_sha256(self, member: _Member) -> _Check:
+        """manifest.json matches its own ``self_sha256`` (else nothing in it is trusted)."""
+        seen = self.seen[member.rest]
+        if member.rest == MANIFEST and seen.data is not None:
+            problem = _check_self_sha256(seen.data)
+            if problem is not None:
+                self.manifest_corrupt = True
+                yield problem
+        return _Next.GO
+
+    def _check_end(self, tar: SafeTar) -> _Check:
+        """The archive ends where a tar ends (no truncation, nothing hidden after it)."""
+        try:
+            tar.check_end()
+        except ArchiveError as exc:
+            member = exc.member
+            if member is not None and self.top and member.startswith(self.top + "/"):
+                member = member[len(self.top) + 1 :]
+            yield Problem(exc.code, exc.message, member=member)
+            return _Next.STOP
+        return _Next.GO
 
     # Manifest and documents ------------------------------------------------------------------
     def _check_manifest(self) -> Iterator[Problem]:
+        """The manifest against what was really there; then only verified JSON is parsed."""
+        manifest = yield from self._parse_manifest()
+        if manifest is None:
+            return
+        self.manifest = manifest
+        listed = yield from self._check_listing(manifest)
+        verified = yield from self._check_members(listed)
+        yield from self._check_missing(listed)
+        yield from self._check_documents(verified)
+        for name, got in self.seen.items():
+            if name.endswith(".json"):
+                got.data = None  # parsed documents are kept; raw JSON bytes are not
+
+    def _parse_manifest(self) -> Generator[Problem, None, JSONObject | None]:
+        """manifest.json is there, parses, is v1, is not too long and matches its schema;
+        returns it (``None``: nothing more can be checked)."""
         lim = self.limits
-        seen = self.seen
-        if MANIFEST not in seen:
+        if MANIFEST not in self.seen:
             yield Problem(
                 "missing-manifest",
                 "the bundle has no manifest.json in its top folder; not a kk3evidence bundle",
                 member=MANIFEST,
             )
-            return
+            return None
         if self.manifest_corrupt:
-            return  # already reported; nothing in it can be trusted
-        data = seen[MANIFEST].data or b""
+            return None  # already reported; nothing in it can be trusted
         manifest, problems = _schema.parse_json(
-            data, MANIFEST, max_depth=lim.max_json_depth, max_nodes=lim.max_json_nodes
+            self.seen[MANIFEST].data or b"",
+            MANIFEST,
+            max_depth=lim.max_json_depth,
+            max_nodes=lim.max_json_nodes,
         )
         if problems:
             yield from problems
-            return
+            return None
         vp = _schema.version_problem(manifest, "manifest", MANIFEST)
         if vp is not None:
             yield vp
-            return
-        entries_value = manifest.get("members") if isinstance(manifest, dict) else None
-        if isinstance(entries_value, list) and len(entries_value) > lim.max_members:
+            return None
+        entries = manifest.get("members") if isinstance(manifest, dict) else None
+        if isinstance(entries, list) and len(entries) > lim.max_members:
             yield Problem(
                 "too-many-members",
-                f"manifest.json lists {len(entries_value)} members (limit {lim.max_members})",
+                f"manifest.json lists {len(entries)} members (limit {lim.max_members})",
                 member=MANIFEST,
                 json_path="$.members",
                 expected=f"<= {lim.max_members}",
-                actual=str(len(entries_value)),
+                actual=str(len(entries)),
             )
-            return
-        schema_problems = list(_schema.iter_schema_problems("manifest", manifest, MANIFEST))
-        yield from schema_problems
-        if not isinstance(manifest, dict):
-            return
-        self.manifest = manifest
-        listed: dict[str, tuple[int | None, str | None]] = {}
+            return None
+        yield from _schema.iter_schema_problems("manifest", manifest, MANIFEST)
+        return manifest if isinstance(manifest, dict) else None
+
+    def _check_listing(self, manifest: JSONObject) -> Generator[Problem, None, _Listed]:
+        """Each member listed once, manifest.json not at all; returns name -> (size, sha256)
+        as far as the entry states them."""
+        listed: _Listed = {}
         entries = manifest.get("members")
         for i, entry in enumerate(entries if isinstance(entries, list) else []):
             if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
                 continue
-            name = entry["name"]
+            name = str(entry["name"])
             if name in listed:
                 yield Problem(
                     "duplicate-member",
@@ -592,8 +683,13 @@ class _Scanner:
                 member=MANIFEST,
                 json_path="$.members",
             )
+        return listed
+
+    def _check_members(self, listed: _Listed) -> Generator[Problem, None, set[str]]:
+        """Every member in the archive is listed with its size and sha256; returns the names
+        verified on both."""
         verified: set[str] = set()
-        for name, got in seen.items():
+        for name, got in self.seen.items():
             if name == MANIFEST:
                 continue
             if name not in listed:
@@ -624,23 +720,31 @@ class _Scanner:
                 continue
             if size is not None and sha is not None:
                 verified.add(name)
+        return verified
+
+    def _check_missing(self, listed: _Listed) -> Iterator[Problem]:
+        """Every listed member, and every required one, is in the archive."""
         for name in listed:
-            if name != MANIFEST and name not in seen:
+            if name != MANIFEST and name not in self.seen:
                 yield Problem(
                     "missing-member",
                     "is listed in manifest.json but not in the archive",
                     member=_show(name),
                 )
         for name in REQUIRED_MEMBERS:
-            if name not in seen and name not in listed:
+            if name not in self.seen and name not in listed:
                 yield Problem("missing-member", "required member is missing", member=name)
-        # Only verified JSON is parsed and trusted.
+
+    def _check_documents(self, verified: set[str]) -> Iterator[Problem]:
+        """Only verified JSON is parsed and trusted: parse, version, schema; keeps the
+        documents that parse and carry a version this reader knows."""
+        lim = self.limits
         for name in sorted(verified):
             stem = _schema.schema_for_member(name)
             if stem is None:
                 continue
             doc, problems = _schema.parse_json(
-                seen[name].data or b"",
+                self.seen[name].data or b"",
                 name,
                 max_depth=lim.max_json_depth,
                 max_nodes=lim.max_json_nodes,
@@ -654,9 +758,6 @@ class _Scanner:
                 continue
             yield from _schema.iter_schema_problems(stem, doc, name)
             self.documents[name] = doc
-        for name, got in seen.items():
-            if name.endswith(".json"):
-                got.data = None  # parsed documents are kept; raw JSON bytes are not
 
 
 _FATAL = frozenset(
@@ -753,6 +854,16 @@ class _VerifiedStream(io.RawIOBase):
         super().close()
 
 
+def _object(doc: JSONValue) -> JSONObject | None:
+    """A verified member's document: an object (its schema says so), else ``None``."""
+    return doc if isinstance(doc, dict) else None
+
+
+def _objects(value: JSONValue) -> list[JSONObject]:
+    """A verified array of objects (its schema says so), as a new list."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
 class Bundle:
     """A verified bundle. Use :func:`open_bundle`; close it (or use ``with``) when done.
 
@@ -767,14 +878,14 @@ class Bundle:
         self.limits: Limits = scan.limits
         self.compression: str = scan.compression
         self.top_folder: str = scan.top or ""
-        self.manifest: dict[str, Any] = scan.manifest
+        self.manifest: JSONObject = scan.manifest
         docs = scan.documents
-        self.fingerprint: dict[str, Any] | None = docs.get("fingerprint.json")
-        self.launch: dict[str, Any] | None = docs.get("launch.json")
-        self.notes: dict[str, Any] | None = docs.get("notes.json")
-        self.analysis: dict[str, Any] | None = docs.get("analysis.json")
-        self.preflight: dict[str, Any] | None = docs.get("preflight.json")
-        self._documents: dict[str, Any] = docs
+        self.fingerprint: JSONObject | None = _object(docs.get("fingerprint.json"))
+        self.launch: JSONObject | None = _object(docs.get("launch.json"))
+        self.notes: JSONObject | None = _object(docs.get("notes.json"))
+        self.analysis: JSONObject | None = _object(docs.get("analysis.json"))
+        self.preflight: JSONObject | None = _object(docs.get("preflight.json"))
+        self._documents: dict[str, JSONValue] = docs
         self._members: dict[str, MemberInfo] = {
             name: MemberInfo(name, s.size, s.sha256, s.offset)
             for name, s in scan.seen.items()
@@ -817,12 +928,12 @@ class Bundle:
         return str(self.manifest.get("schema", ""))
 
     @property
-    def redactions(self) -> list[dict[str, Any]]:
-        return list(self.manifest.get("redactions", []))
+    def redactions(self) -> list[JSONObject]:
+        return _objects(self.manifest.get("redactions", []))
 
     @property
-    def not_collected(self) -> list[dict[str, Any]]:
-        return list(self.manifest.get("not_collected", []))
+    def not_collected(self) -> list[JSONObject]:
+        return _objects(self.manifest.get("not_collected", []))
 
     @property
     def group(self) -> dict[str, Any] | None:
@@ -843,17 +954,19 @@ class Bundle:
         except KeyError:
             raise BundleError(f"{_show(str(self.path))}: no member {_show(name)!r}") from None
 
-    def json(self, name: str) -> Any:
+    def json(self, name: str) -> JSONValue:
         """A verified JSON member (``None`` if absent)."""
         return self._documents.get(name)
 
-    def requests(self) -> list[dict[str, Any]]:
+    def requests(self) -> list[JSONObject]:
         """Every ``requests/*.json`` record, ordered by member name."""
-        return [
-            self._documents[n]
-            for n in sorted(self._documents)
-            if n.startswith("requests/") and n.endswith(".json")
-        ]
+        return _objects(
+            [
+                self._documents[n]
+                for n in sorted(self._documents)
+                if n.startswith("requests/") and n.endswith(".json")
+            ]
+        )
 
     def metrics_labels(self) -> list[str]:
         return [
@@ -981,7 +1094,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _dumps(obj: Any) -> bytes:
+def _dumps(obj: object) -> bytes:
     try:
         text = json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -1073,14 +1186,28 @@ class BundleWriter:
         self._save_state()
 
     @classmethod
-    def resume(cls, staging_dir: str | os.PathLike[str], **kwargs: Any) -> BundleWriter:
+    def resume(
+        cls,
+        staging_dir: str | os.PathLike[str],
+        *,
+        bundle_id: str | None = None,
+        created: datetime | None = None,
+        redactor: Redactor | None = None,
+        tool_version: str = __version__,
+    ) -> BundleWriter:
         """Reopen an existing staging folder (it must carry a ``staging.json`` marker)."""
         if not is_staging_dir(staging_dir):
             raise BundleError(
                 f"{_show(str(staging_dir))} is not a kk3evidence staging folder "
                 "(no valid staging.json)"
             )
-        return cls(staging_dir, **kwargs)
+        return cls(
+            staging_dir,
+            bundle_id=bundle_id,
+            created=created,
+            redactor=redactor,
+            tool_version=tool_version,
+        )
 
     # state -----------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -1122,7 +1249,7 @@ class BundleWriter:
         return self.staging_dir / _check_writer_name(member)
 
     # members ---------------------------------------------------------------------------
-    def write_json(self, member: str, obj: Any, *, validate: bool = True) -> None:
+    def write_json(self, member: str, obj: object, *, validate: bool = True) -> None:
         """Write a JSON member atomically (replacing any earlier version)."""
         path = self.path_of(member)
         data = _dumps(obj)
@@ -1275,7 +1402,7 @@ class BundleWriter:
         self,
         out_path: str | os.PathLike[str],
         *,
-        redactions: Iterable[Mapping[str, Any]] | None = None,
+        redactions: Iterable[Mapping[str, object]] | None = None,
         remove_staging: bool = True,
         _sealed: bool = False,
     ) -> Path:
@@ -1302,10 +1429,11 @@ class BundleWriter:
                 else _hash_file(self.staging_dir / name)
             )
             entries.append({"name": name, "size": size, "sha256": sha})
+        red: list[Mapping[str, object]]
         if redactions is not None:
             red = [dict(r) for r in redactions]
         elif self.redactor is not None:
-            red = self.redactor.records()
+            red = list(self.redactor.records())
         else:
             red = list(self._redactions)
         if _sealed:
@@ -1501,8 +1629,8 @@ _PLACEHOLDER_RE = re.compile(rb"<redacted:([A-Za-z0-9_.-]+)#([0-9]+)(?::[0-9a-f]
 
 
 def _merge_found_placeholders(
-    records: list[dict[str, Any]], root: Path, members: list[str]
-) -> list[dict[str, Any]]:
+    records: list[Mapping[str, object]], root: Path, members: list[str]
+) -> list[Mapping[str, object]]:
     """Seal: list placeholders present in text members but missing from the saved records."""
     known = {str(r.get("placeholder")) for r in records}
     found: dict[str, dict[str, Any]] = {}
@@ -1604,7 +1732,8 @@ def _apply_ledger(writer: BundleWriter, staging: Path) -> None:
 
     doc = read_ledger(staging)
     have = {(loss.get("member"), loss.get("reason")) for loss in writer._losses}
-    for loss in (doc or {}).get("losses") or []:
+    losses = (doc or {}).get("losses")
+    for loss in losses if isinstance(losses, list) else []:  # anything else holds no dicts
         if isinstance(loss, dict) and (loss.get("member"), loss.get("reason")) not in have:
             writer._losses.append(loss)
     if doc is not None and not doc.get("final"):

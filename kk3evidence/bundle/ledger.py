@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import cast
+
+from kk3evidence.model import JSONObject
 
 __all__ = ["LEDGER_NAME", "Ledger", "read_ledger"]
 
@@ -44,13 +46,13 @@ class Ledger:
     def usable(self) -> bool:
         return self._fd is not None
 
-    def update(self, doc: Mapping[str, Any]) -> None:
+    def update(self, doc: Mapping[str, object]) -> None:
         if self._fd is None:
             return
         data = json.dumps(doc, separators=(",", ":")).encode()
         if len(data) >= LEDGER_BYTES:
             short = dict(doc)
-            short["losses"] = list(doc.get("losses") or [])[:20]
+            short["losses"] = list(cast(Iterable[object], doc.get("losses") or []))[:20]
             short["losses_truncated"] = True
             data = json.dumps(short, separators=(",", ":")).encode()[: LEDGER_BYTES - 1]
         # Pad over what the previous, longer version left behind.
@@ -66,7 +68,7 @@ class Ledger:
             self._fd = None
 
 
-def read_ledger(staging_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+def read_ledger(staging_dir: str | os.PathLike[str]) -> JSONObject | None:
     """The last document a capture left in ``staging_dir`` (``None``: none, or unreadable)."""
     path = Path(staging_dir) / LEDGER_NAME
     if path.is_symlink() or not path.is_file():

@@ -40,11 +40,14 @@ import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, ClassVar, overload
 
 import ahocorasick
 
+from kk3evidence.model import JSONObject, JSONValue
+
 __all__ = [
+    "ANCHORS",
     "KEY_FILE_ENV",
     "PLACEHOLDER_RE",
     "Redactor",
@@ -287,14 +290,14 @@ _PATTERNS: tuple[_Pattern, ...] = (
     ),
     _p("slack_token", (b"xox",), rb"xox[abposr]-[A-Za-z0-9-]{10,}", boundary=True),
 )
-# Every anchor of every pattern: a line holding none of them (and no known secret) is kept
-# as is without running any regex.
-_ANCHORS: tuple[bytes, ...] = tuple(sorted({a for p in _PATTERNS for a in p.anchors}))
+#: every anchor of every text pattern (lower case): a line holding none of them (and no known
+#: secret, and not inside a multi-line key) is kept as is without running any regex
+ANCHORS: tuple[bytes, ...] = tuple(sorted({a for p in _PATTERNS for a in p.anchors}))
 
 
 def _anchor_automaton() -> Any:
     automaton = ahocorasick.Automaton()
-    for anchor in _ANCHORS:
+    for anchor in ANCHORS:
         automaton.add_word(anchor.decode("latin-1"), anchor)
     automaton.make_automaton()
     return automaton
@@ -330,6 +333,17 @@ class _Record:
     where: set[str] = field(default_factory=set)
     count: int = 0
 
+    def to_json(self) -> JSONObject:
+        """The manifest's ``redactions`` entry (never the value)."""
+        where: list[JSONValue] = []
+        where.extend(sorted(self.where))
+        return {
+            "placeholder": self.placeholder,
+            "kind": self.kind,
+            "where": where,
+            "count": self.count,
+        }
+
 
 def _load_user_key(path: str | os.PathLike[str] | None) -> bytes | None:
     candidate = Path(path) if path is not None else None
@@ -351,7 +365,15 @@ class Redactor:
     Call :meth:`env`, :meth:`argv` and :meth:`headers` first (they learn the secret values),
     then :meth:`text` once per log line (bytes or str). :meth:`records` gives the manifest's
     ``redactions`` list.
+
+    For a fast pre-filter of log blocks (``capture``'s ``LogRedactor``): :attr:`anchors` and
+    :meth:`known_values` are the literals a line must hold to need :meth:`text`,
+    :attr:`in_block` says every line needs it for now, :attr:`learned` grows when a secret is
+    learned, :meth:`replace_known` and :meth:`safe_cut` work on whole blocks.
     """
+
+    #: the lower-case literals one of which every text pattern needs (:data:`ANCHORS`)
+    anchors: ClassVar[tuple[bytes, ...]] = ANCHORS
 
     def __init__(self, *, key: bytes | None = None, min_known_length: int = 6) -> None:
         self._key = key
@@ -423,17 +445,19 @@ class Redactor:
             raw = b"\0sha256:" + hashlib.sha256(raw).digest()
         return self._by_value.get(raw)
 
-    def records(self) -> list[dict[str, Any]]:
+    @property
+    def learned(self) -> int:
+        """How many secrets have a placeholder so far (grows when one is learned)."""
+        return len(self._records)
+
+    def known_values(self) -> tuple[bytes, ...]:
+        """Every secret value (and spelling) searched for in text so far, longest first."""
+        self._known_regex()
+        return self._known
+
+    def records(self) -> list[JSONObject]:
         """``[{placeholder, kind, where, count}]`` in placeholder order; never the value."""
-        return [
-            {
-                "placeholder": r.placeholder,
-                "kind": r.kind,
-                "where": sorted(r.where),
-                "count": r.count,
-            }
-            for r in self._records.values()
-        ]
+        return [r.to_json() for r in self._records.values()]
 
     # structured inputs -----------------------------------------------------------------
     def value(self, value: str, label: str, *, where: str) -> str:
@@ -521,10 +545,10 @@ class Redactor:
                 out.append((name, self.text(value, where=here)))
         return dict(out) if isinstance(headers, Mapping) else out
 
-    def json(self, obj: Any, *, where: str = "json") -> Any:
+    def json(self, obj: JSONValue, *, where: str = "json") -> JSONValue:
         """A copy of a JSON value: values under secret-looking keys and secret text replaced."""
         if isinstance(obj, dict):
-            res: dict[str, Any] = {}
+            res: JSONObject = {}
             for k, v in obj.items():
                 here = f"{where}.{k}"
                 if isinstance(v, str) and is_secret_name(str(k)):

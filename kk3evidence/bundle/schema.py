@@ -14,25 +14,28 @@ is refused with a message that says to upgrade (:func:`version_problem`).
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import math
 import re
 import tomllib
 from collections.abc import Iterator
-from typing import Any
+from typing import NoReturn, TypeAlias
 
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped]
 
 from kk3evidence import _resources
 from kk3evidence.errors import Kk3Error
-from kk3evidence.model import Problem
+from kk3evidence.model import JSONObject, JSONValue, Problem
 
 __all__ = [
     "MEMBER_SCHEMAS",
     "SCHEMA_IDS",
     "SUPPORTED_MAJOR",
+    "TOMLTable",
+    "TOMLValue",
     "iter_schema_problems",
     "json_depth",
     "json_shape",
@@ -66,6 +69,14 @@ SCHEMA_IDS: dict[str, str] = {
     "preflight": "kk3evidence/preflight/v1",
 }
 
+#: a TOML value as ``tomllib`` gives it: JSON's types (no null) plus dates and times; recursive
+TOMLValue: TypeAlias = (
+    "str | int | float | bool | datetime.datetime | datetime.date | datetime.time"
+    " | list[TOMLValue] | dict[str, TOMLValue]"
+)
+#: a TOML document or table
+TOMLTable: TypeAlias = "dict[str, TOMLValue]"
+
 _FAMILY = {"manifest": "bundle"}
 _VERSION_RE = re.compile(r"^kk3evidence/([a-z_]+)/v([0-9]{1,6})(?:\.([0-9]{1,6}))?$")
 _SHOW = 80  # characters of a value quoted in a problem
@@ -81,9 +92,9 @@ def schema_for_member(member: str) -> str | None:
 
 
 @functools.cache
-def load_schema(name: str) -> dict[str, Any]:
+def load_schema(name: str) -> JSONObject:
     """The parsed schema ``schemas/<name>.schema.json`` shipped with the package."""
-    loaded: dict[str, Any] = json.loads(_resources.read_text("schemas", f"{name}.schema.json"))
+    loaded: JSONObject = json.loads(_resources.read_text("schemas", f"{name}.schema.json"))
     return loaded
 
 
@@ -94,7 +105,7 @@ def load_toml(
     error: type[Kk3Error],
     schema: str | None = None,
     schema_id: str | None = None,
-) -> dict[str, Any]:
+) -> TOMLTable:
     """The one loader of our TOML data (rules, compatibility rules, flag classes, stage hints,
     ladder plans): parse, check the ``schema = "..."`` id when ``schema_id`` is given, validate
     against ``schemas/<schema>.schema.json`` when ``schema`` is given. Any problem raises
@@ -127,7 +138,7 @@ def _validator(name: str) -> Draft202012Validator:
     return Draft202012Validator(schema)
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     try:
         text = json.dumps(value, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError):
@@ -136,7 +147,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= _SHOW else text[: _SHOW - 1] + "…"
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -183,7 +194,7 @@ def _problem_from_error(err: ValidationError, member: str) -> Problem:
     )
 
 
-def iter_schema_problems(name: str, document: Any, member: str) -> Iterator[Problem]:
+def iter_schema_problems(name: str, document: object, member: str) -> Iterator[Problem]:
     """Yield one located problem per violation of schema ``name`` by ``document``.
 
     ``document`` must come from :func:`parse_json` (depth already bounded).
@@ -195,7 +206,7 @@ def iter_schema_problems(name: str, document: Any, member: str) -> Iterator[Prob
         yield _problem_from_error(err, member)
 
 
-def version_problem(document: Any, name: str, member: str) -> Problem | None:
+def version_problem(document: object, name: str, member: str) -> Problem | None:
     """A problem if ``document['schema']`` names a major version this reader does not know.
 
     Anything that is not a ``kk3evidence/<kind>/vN`` string is left to the schema check.
@@ -250,7 +261,7 @@ class _JsonRejected(ValueError):
         self.code = code
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise _JsonRejected("json-nonfinite", f"{name} is not valid JSON (numbers must be finite)")
 
 
@@ -261,8 +272,8 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _pairs_hook(pairs: list[tuple[str, JSONValue]]) -> JSONObject:
+    out: JSONObject = {}
     for key, value in pairs:
         if key in out:
             raise _JsonRejected("json-duplicate-key", f"duplicate key {_short(key)} in an object")
@@ -270,16 +281,16 @@ def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def json_depth(value: Any) -> int:
+def json_depth(value: object) -> int:
     """Nesting depth of a parsed JSON value (scalars 0, ``[]`` 1), computed without recursion."""
     return json_shape(value)[0]
 
 
-def json_shape(value: Any) -> tuple[int, int]:
+def json_shape(value: object) -> tuple[int, int]:
     """``(depth, nodes)`` of a parsed JSON value, computed without recursion."""
     deepest = 0
     nodes = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
+    stack: list[tuple[object, int]] = [(value, 0)]
     while stack:
         node, depth = stack.pop()
         nodes += 1
@@ -295,7 +306,7 @@ def json_shape(value: Any) -> tuple[int, int]:
 
 def parse_json(
     data: bytes, member: str, *, max_depth: int = 64, max_nodes: int = 1_000_000
-) -> tuple[Any, list[Problem]]:
+) -> tuple[JSONValue, list[Problem]]:
     """Parse untrusted JSON bytes. Returns ``(value, [])`` or ``(None, [problem])``.
 
     Refuses what ``json.loads`` would accept but a portable reader should not: bytes that are

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from kk3evidence.analysis.engine_config import engine_numbers
 from kk3evidence.bundle.ledger import Ledger
@@ -51,6 +51,9 @@ from kk3evidence.capture.staging import default_output, staging_for  # noqa: F40
 from kk3evidence.capture.staging import reserve as reserve_staging
 from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
 from kk3evidence.model import FORMAT_IDS, STAGES
+
+if TYPE_CHECKING:
+    from kk3evidence.bundle.redact import Redactor
 
 LOG_MEMBER = "logs/combined.log"
 LAUNCH_SCHEMA = FORMAT_IDS["launch"]
@@ -163,13 +166,14 @@ def _open_writer(staging: Path, redactor: Any) -> Any:
     return BundleWriter(staging, redactor=redactor)
 
 
-def _new_redactor() -> Any:
+def _new_redactor() -> Redactor:
     from kk3evidence.bundle.redact import Redactor
 
     return Redactor.with_user_key()
 
 
-#: lower-case literals, one of which every text pattern of ``redact`` needs to match
+#: lower-case literals capture's pre-filter looks for besides ``Redactor.anchors`` (most are
+#: among them; ``_token``/``-token`` are not, and are kept so the same lines reach the Redactor)
 _REDACT_ANCHORS: tuple[bytes, ...] = (
     b"hf_",
     b"sk-",
@@ -198,14 +202,12 @@ _REDACT_ANCHORS: tuple[bytes, ...] = (
 )
 
 
+@functools.cache
 def _pattern_anchors() -> tuple[bytes, ...]:
-    """The redact module's own anchor literals (lower-case) when it exports them, else ours."""
-    from kk3evidence.bundle import redact
+    """The Redactor's anchor literals (lower-case) and ours above, sorted."""
+    from kk3evidence.bundle.redact import Redactor
 
-    theirs = getattr(redact, "ANCHORS", None) or getattr(redact, "_ANCHORS", None)
-    if theirs:
-        return tuple(sorted({bytes(a).lower() for a in theirs} | set(_REDACT_ANCHORS)))
-    return _REDACT_ANCHORS
+    return tuple(sorted(set(Redactor.anchors) | set(_REDACT_ANCHORS)))
 
 
 class _Anchors:
@@ -287,33 +289,32 @@ class LogRedactor:
     through the Redactor. Same result, orders of magnitude faster on ordinary logs.
     """
 
-    def __init__(self, redactor: Any, known: Sequence[bytes] = ()) -> None:
+    def __init__(self, redactor: Redactor, known: Sequence[bytes] = ()) -> None:
         self._redactor = redactor
         self._extra = tuple(known)
         self._learned = -1
         self._anchors = self._build()
 
     def _build(self) -> _Anchors:
-        values = set(self._extra) | set(_redactor_known(self._redactor))
-        self._learned = _redactor_size(self._redactor)
+        values = set(self._extra) | set(self._redactor.known_values())
+        self._learned = self._redactor.learned
         return _Anchors(tuple(sorted(v for v in values if len(v) >= 6)))
 
     def safe_cut(self, data: bytes) -> int:
         """Where a long unfinished line may be cut without cutting a secret (pump.py)."""
-        return int(self._redactor.safe_cut(data))
+        return self._redactor.safe_cut(data)
 
     def __call__(self, data: bytes | memoryview) -> bytes | memoryview:
-        in_block = bool(getattr(self._redactor, "in_block", False))
+        in_block = self._redactor.in_block
         hits = self._anchors(data)
         if not hits and not in_block:
             return data
         block = bytes(data)
         first = 0 if in_block else block.rfind(b"\n", 0, min(hits)) + 1
-        replace = getattr(self._redactor, "replace_known", None)
-        if not in_block and callable(replace):
+        if not in_block:
             # Known secrets first, over the whole block at C speed (a flood of lines carrying
             # one keeps up); only lines with an anchor outside a placeholder go on.
-            block = bytes(replace(block, where=LOG_MEMBER))
+            block = self._redactor.replace_known(block, where=LOG_MEMBER)
             if not self._anchors(_unplaced(block)):
                 return block
             first = 0
@@ -322,11 +323,9 @@ class LogRedactor:
         out: list[bytes] = []
         out.append(block[:first])
         for line in block[first:].split(b"\n"):
-            if line and (
-                self._anchors(_unplaced(line)) or getattr(self._redactor, "in_block", False)
-            ):
+            if line and (self._anchors(_unplaced(line)) or self._redactor.in_block):
                 out.append(self._redactor.text(line, where=LOG_MEMBER))
-                if _redactor_size(self._redactor) != self._learned:
+                if self._redactor.learned != self._learned:
                     # A secret learned from this line: look for it from the next line on.
                     self._anchors = self._build()
             else:
@@ -341,25 +340,6 @@ def _unplaced(data: bytes) -> bytes:
     from kk3evidence.bundle.redact import PLACEHOLDER_RE
 
     return PLACEHOLDER_RE.sub(b"", data) if b"<redacted:" in data else data
-
-
-def _redactor_known(redactor: Any) -> list[bytes]:
-    """Every secret value (and spelling) the Redactor searches log text for."""
-    public = getattr(redactor, "known_values", None)
-    if callable(public):
-        return [bytes(v) for v in public()]
-    refresh = getattr(redactor, "_known_regex", None)
-    if callable(refresh):
-        refresh()
-        return [bytes(v) for v in getattr(redactor, "_known", ())]
-    return []
-
-
-def _redactor_size(redactor: Any) -> int:
-    try:
-        return len(redactor.records())
-    except Exception:
-        return 0
 
 
 def known_secrets(env: Mapping[str, str], argv: Sequence[str]) -> list[bytes]:

@@ -129,8 +129,8 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 def _parse_rule_file(name: str, text: str) -> list[CompatRule]:
-    data = load_toml(text, f"rules/compat/{name}", error=RuleError, schema="compat-rule",
-                     schema_id=RULES_SCHEMA)
+    data: dict[str, Any] = load_toml(text, f"rules/compat/{name}", error=RuleError,
+                                     schema="compat-rule", schema_id=RULES_SCHEMA)
     recipe = data.get("recipe")
     out: list[CompatRule] = []
     for i, raw in enumerate(data.get("rule") or []):
@@ -160,8 +160,8 @@ def _parse_rule_file(name: str, text: str) -> list[CompatRule]:
 def _recipe_models() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for node in _compat_files():
-        data = load_toml(node.read_text(encoding="utf-8"), f"rules/compat/{node.name}",
-                         error=RuleError)
+        data: dict[str, Any] = load_toml(node.read_text(encoding="utf-8"),
+                                         f"rules/compat/{node.name}", error=RuleError)
         if data.get("recipe"):
             out[str(data["recipe"])] = [str(m) for m in data.get("models") or []]
     return out

@@ -198,7 +198,7 @@ def load(path: str | Path) -> Evidence:
 
     source = str(path)
     with open_bundle(path) as bundle:
-        analysis = bundle.analysis
+        analysis: dict[str, Any] | None = bundle.analysis
         if analysis is None:
             analysis = _analyze(bundle, source)
         ff = analysis.get("first_failure") if analysis else None

@@ -102,7 +102,7 @@ def load_flag_classes(text: str | None = None) -> FlagClasses:
     source = "data/flag-classes.toml"
     if text is None:
         text = _resources.read_text("data", "flag-classes.toml")
-    doc = load_toml(text, source, error=InputError)
+    doc: dict[str, Any] = load_toml(text, source, error=InputError)
 
     def rules(key: str) -> dict[str, FlagRule]:
         out: dict[str, FlagRule] = {}

@@ -702,3 +702,29 @@ def test_json_members_are_bounded_in_total(tmp_path: Path) -> None:
     path = build_tar(tmp_path / "json.tar", valid_raw_members(files))
     codes = [p.code for p in validate(path, limits=Limits(max_json_total_bytes=2000))]
     assert codes == ["archive-too-large"]
+
+
+def test_each_header_reports_only_its_first_failing_check_in_order(tmp_path: Path) -> None:
+    """The archive pass runs one check after another on each header (name, type, uniqueness,
+    top folder, member name, size, data) and the first that fails decides: a header that
+    breaks several rules is reported once, by the earliest check, and the pass goes on."""
+    big = b"x" * 2000
+    members = [
+        *valid_raw_members(),
+        # name before type: a link whose name escapes is a path-traversal
+        RawMember(f"{TOP}/../escape", type=tarfile.SYMTYPE, linkname="/etc/passwd"),
+        # type before member name: a link under a name no bundle allows is a link
+        RawMember(f"{TOP}/odd.bin", type=tarfile.SYMTYPE, linkname="x"),
+        # uniqueness before size: the second copy, also too large, is a duplicate
+        RawMember(f"{TOP}/logs/combined.log", big),
+        # member name before size: an unknown member is unexpected, however large
+        RawMember(f"{TOP}/odd.txt", big),
+    ]
+    path = build_tar(tmp_path / "order.tar", members)
+    got = [(p.code, p.member) for p in validate(path, limits=Limits(max_member_bytes=1000))]
+    assert got == [
+        ("path-traversal", f"{TOP}/../escape"),
+        ("link", f"{TOP}/odd.bin"),
+        ("duplicate-member", f"{TOP}/logs/combined.log"),
+        ("unexpected-member", "odd.txt"),
+    ]

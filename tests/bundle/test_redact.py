@@ -310,3 +310,24 @@ def test_every_text_pattern_finds_its_sample_in_any_letter_case(line: str, kind:
     out = r.text(line + "\n")
     assert f"<redacted:{kind}#1>" in out, out
     assert [rec["kind"] for rec in r.records()] == [kind]
+
+
+def test_the_api_capture_prefilters_log_blocks_with() -> None:
+    """capture's LogRedactor sends a line to ``text`` only if it holds one of ``anchors`` or
+    ``known_values()``, or ``in_block`` is set; ``learned`` says when to look again."""
+    r = Redactor()
+    assert r.anchors and all(a == a.lower() for a in r.anchors)
+    assert {b"hf_", b"bearer", b"-----begin"} <= set(r.anchors)
+    assert r.known_values() == () and r.learned == 0 and not r.in_block
+    plain = b"INFO 11-30 engine started in 3.2 s\n"
+    assert not any(a in plain.lower() for a in r.anchors) and r.text(plain) == plain
+    r.env({"MY_PASSWORD": "s3cretValue99", "HOME": "/root"})
+    assert r.learned == 1 == len(r.records())
+    known = r.known_values()
+    assert b"s3cretValue99" in known
+    assert [len(v) for v in known] == sorted((len(v) for v in known), reverse=True)
+    assert r.text(b"saw s3cretValue99\n") == b"saw <redacted:MY_PASSWORD#1>\n"
+    r.text(b"Authorization: Bearer abcdefghijklmnop\n")
+    assert r.learned == 2 and b"abcdefghijklmnop" in r.known_values()
+    r.text(b"-----BEGIN RSA PRIVATE KEY-----\n")
+    assert r.in_block

@@ -138,7 +138,9 @@ def load_plan(path: str | Path) -> Plan:
 def parse_plan(data: bytes | str, source: str = "plan") -> Plan:
     raw = data.encode("utf-8") if isinstance(data, str) else data
     # (a plan is written by 'kk3evidence minimize'; the schema says what a hand-written one needs)
-    doc = load_toml(raw, source, error=InputError, schema="ladder-plan", schema_id=PLAN_SCHEMA)
+    doc: dict[str, Any] = load_toml(
+        raw, source, error=InputError, schema="ladder-plan", schema_id=PLAN_SCHEMA
+    )
     defaults = RequestSpec.from_json((doc.get("plan") or {}).get("request") or {})
     steps: list[PlanStep] = []
     for i, s in enumerate(doc["step"]):
