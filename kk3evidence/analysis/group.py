@@ -343,8 +343,7 @@ def load_node(path: str, index: int, ruleset: RuleSet | None = None) -> NodeRun:
             source=path,
             node=node,
             rank=rank,
-            host=(group or {}).get("host")
-            or (bundle.fingerprint or {}).get("host", {}).get("hostname"),
+            host=_host_of(group, bundle.fingerprint),
             group_id=(group or {}).get("id"),
             analysis=analysis,
             fingerprint=bundle.fingerprint or {},
@@ -354,6 +353,18 @@ def load_node(path: str, index: int, ruleset: RuleSet | None = None) -> NodeRun:
             last_line_t=last,
             ntp_offset_s=_ntp_offset((group or {}).get("clock")),
         )
+
+
+def _host_of(
+    group: Mapping[str, object] | None, fingerprint: Mapping[str, object] | None
+) -> str | None:
+    """The node's host: as the group recorded it, else the fingerprint's hostname."""
+    host = (group or {}).get("host")
+    if isinstance(host, str):
+        return host
+    fp_host = (fingerprint or {}).get("host")
+    name = fp_host.get("hostname") if isinstance(fp_host, dict) else None
+    return name if isinstance(name, str) else None
 
 
 # ----------------------------------------------------------------------------------- clocks
