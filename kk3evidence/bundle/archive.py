@@ -72,11 +72,11 @@ LOG_MEMBER = "logs/combined.log"
 LINES_MEMBER = "logs/lines.tsv"
 REQUIRED_MEMBERS: tuple[str, ...] = ("fingerprint.json", "launch.json", LOG_MEMBER)
 OPTIONAL_MEMBERS: tuple[str, ...] = ("notes.json", "analysis.json")
-EXTRA_FOLDERS: tuple[str, ...] = ("logs", "requests", "metrics", "probes")
+EXTRA_FOLDERS: tuple[str, ...] = ("logs", "requests", "metrics", "probes", "stalls")
 
 _MEMBER_RE = re.compile(
     r"^(?:(?:manifest|fingerprint|launch|notes|analysis)\.json"
-    r"|(?:logs|requests|metrics|probes)(?:/[A-Za-z0-9_][A-Za-z0-9._-]*)+)$"
+    r"|(?:logs|requests|metrics|probes|stalls)(?:/[A-Za-z0-9_][A-Za-z0-9._-]*)+)$"
 )
 _TOP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
 _BUNDLE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -389,7 +389,7 @@ class _Scanner:
                         "unexpected-member",
                         "is not a v1 bundle member (allowed: manifest.json, fingerprint.json, "
                         "launch.json, notes.json, analysis.json, logs/, requests/, metrics/, "
-                        "probes/)",
+                        "probes/, stalls/)",
                         member=_show(rest),
                     )
                 )
@@ -950,7 +950,8 @@ def _check_writer_name(member: str) -> str:
     if not isinstance(member, str) or not is_member_name(member):
         raise BundleError(
             f"{member!r} is not a valid bundle member name (allowed: fingerprint.json, "
-            "launch.json, notes.json, analysis.json, logs/…, requests/…, metrics/…, probes/…)"
+            "launch.json, notes.json, analysis.json, logs/…, requests/…, metrics/…, probes/…, "
+            "stalls/…)"
         )
     if member == MANIFEST:
         raise BundleError("manifest.json is written by finalize(), not by hand")

@@ -59,6 +59,7 @@ SCHEMA_IDS: dict[str, str] = {
     "notes": "kk3evidence/notes/v1",
     "request": "kk3evidence/request/v1",
     "analysis": "kk3evidence/analysis/v1",
+    "stall": "kk3evidence/stall/v1",
 }
 
 _FAMILY = {"manifest": "bundle"}
@@ -72,6 +73,8 @@ def schema_for_member(member: str) -> str | None:
         return MEMBER_SCHEMAS[member]
     if member.startswith("requests/") and member.endswith(".json"):
         return "request"
+    if member.startswith("stalls/") and member.endswith(".json"):
+        return "stall"
     return None
 
 
