@@ -345,19 +345,23 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
     scan.finish()
     inputs = inputs or StallInputs()
     launch, snapshots = inputs.launch, inputs.snapshots
-    no, text, proc = _last_progress(scan, _int(analysis.extra.get("shutdown_requested_line")))
     times: dict[int, float] = {}
     if inputs.lines_tsv is not None:
-        wanted = {1, no, analysis.lines_total} | {s.first_line for s in analysis.stages}
+        wanted = {1, analysis.lines_total} | {s.first_line for s in analysis.stages}
+        wanted |= {n for n, _t, _p in scan.tail}
         times = receive_times(inputs.lines_tsv(), wanted)
         analysis = replace(analysis, stages=stage_durations(analysis, times, _ended(launch)))
+    no, text, proc = _last_progress(scan, _progress_limit(analysis, inputs, times))
     ff = analysis.first_failure
     ready = "ready_line" in analysis.extra or analysis.last_stage_reached in ("api_ready", "serving")
     exited_ok = launch is not None and launch.get("exit_code") == 0
     if ff is not None and ff.category != "hang":
         return analysis
+    # From a log alone (a slice, maybe) a start-up without ready line may simply go on: only a
+    # stop requested before ready is evidence. A bundle knows how the run ended.
+    stopped = launch is not None or "shutdown_requested_line" in analysis.extra
     started = analysis.last_stage_reached is not None or bool(snapshots)
-    if ff is None and (ready or exited_ok or not started):
+    if ff is None and (ready or exited_ok or not started or not (stopped or snapshots)):
         return analysis
     ranks, missing = _matrix(scan)
     procs = _snapshot_processes(snapshots)
@@ -403,7 +407,10 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
         severity="fatal",
         basis="stall",
     )
-    findings = tuple(sorted((*analysis.findings, finding), key=lambda f: f.line_no))
+    # The stall line may be a classified warning: the verdict takes its place.
+    kept = [f for f in analysis.findings if f.line_no != no]
+    findings = tuple(sorted((*kept, finding), key=lambda f: f.line_no))
+    stages = _with_failed(analysis.stages, stage, no)
     extra = dict(analysis.extra)
     extra["first_failure_rule"] = {
         "name": "start-up-stopped-moving",
@@ -412,21 +419,56 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
         "next_steps": _next_steps(stage, missing, waits),
         "severity": "fatal",
     }
-    return replace(analysis, first_failure=finding, findings=findings, extra=extra, stall=stall)
+    return replace(
+        analysis,
+        first_failure=finding,
+        findings=findings,
+        stages=stages,
+        extra=extra,
+        stall=stall,
+        last_stage_reached=analysis.last_stage_reached or stage,
+    )
 
 
-def _int(v: object) -> int | None:
-    return v if isinstance(v, int) else None
+def _with_failed(spans: tuple[StageSpan, ...], stage: str, line_no: int) -> tuple[StageSpan, ...]:
+    """The stage where progress stopped is the failed one (SPEC §4 ``stages``)."""
+    if any(s.stage == stage for s in spans):
+        return tuple(replace(s, status="failed") if s.stage == stage else s for s in spans)
+    return (*spans, StageSpan(stage, "failed", line_no, line_no))
 
 
-def _ended(launch: Mapping[str, Any] | None) -> float | None:
-    text = (launch or {}).get("ended_at")
+def _progress_limit(
+    analysis: Analysis, inputs: StallInputs, times: Mapping[int, float]
+) -> int | None:
+    """The first line that cannot be the last progress: the requested shutdown, the lines
+    after the first stall snapshot, or those received after capture began to stop the run."""
+    limits: list[int] = []
+    shutdown = analysis.extra.get("shutdown_requested_line")
+    if isinstance(shutdown, int):
+        limits.append(shutdown)
+    for s in inputs.snapshots[:1]:
+        n = (s.get("context") or {}).get("log_lines")
+        if isinstance(n, int) and n > 0:
+            limits.append(n + 1)
+    began = _iso((inputs.launch or {}).get("stop", {}) and (inputs.launch or {})["stop"].get("at"))
+    if began is not None:
+        after = [n for n, t in times.items() if t >= began and n > 1]
+        if after:
+            limits.append(min(after))
+    return min(limits) if limits else None
+
+
+def _iso(text: object) -> float | None:
     if not isinstance(text, str):
         return None
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+def _ended(launch: Mapping[str, Any] | None) -> float | None:
+    return _iso((launch or {}).get("ended_at"))
 
 
 def _summary(

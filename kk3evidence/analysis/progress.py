@@ -33,6 +33,7 @@ class Milestone:
     marks: str | None = None
     process: str | None = None
     rank: int | None = None
+    body: str = ""  # the line without its process/level/time prefix
 
 
 class MilestoneWatcher:
@@ -97,7 +98,8 @@ class MilestoneWatcher:
             return None
         r = hit.rule
         m = Milestone(
-            r.stage or "", r.id, line.text[:_MAX_TEXT], line_no, at, r.marks, line.process, line.rank
+            r.stage or "", r.id, line.text[:_MAX_TEXT], line_no, at, r.marks, line.process, line.rank,
+            line.body[:_MAX_TEXT],
         )
         if r.marks == "shutdown":
             return m
