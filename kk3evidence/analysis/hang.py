@@ -29,6 +29,7 @@ __all__ = [
     "HangScan",
     "StallInputs",
     "apply_hang",
+    "describe_stall",
     "receive_times",
     "stage_durations",
     "waiting_in",
@@ -500,3 +501,40 @@ def _next_steps(stage: str, missing: list[int], waits: list[dict[str, Any]]) -> 
         )
     steps.append("See docs/hangs.md: the rank matrix, the stall snapshot's stacks and sockets.")
     return steps
+
+
+def describe_stall(stall: Mapping[str, Any]) -> list[str]:
+    """Plain lines about a stall (for the analyze text and the report): where and since when,
+    the rank × milestone matrix, what each process waited in, the largest gaps."""
+    out = [f"Progress stopped in {stall.get('stage')} after line {stall.get('since_line')}"]
+    if stall.get("since"):
+        silent = stall.get("silent_s")
+        tail = f", silent for {silent:.0f} s" if isinstance(silent, int | float) else ""
+        out[0] += f" (received {stall['since']}{tail})"
+    if stall.get("stopped_by"):
+        out[0] += f"; capture stopped it ({stall['stopped_by']})"
+    world = stall.get("world_size")
+    if world:
+        out.append(f"Ranks (world_size={world}) × milestones, from the log:")
+        for r in stall.get("ranks") or []:
+            ms = ", ".join(f"{k}@{v}" for k, v in (r.get("milestones") or {}).items())
+            out.append(f"  rank {r.get('rank')}: {ms or '-'} ({r.get('process') or 'unprefixed'})")
+        for m in stall.get("missing_ranks") or []:
+            out.append(f"  rank {m}: never appeared in this log")
+    for p in stall.get("processes") or []:
+        what = p.get("waiting_in") or "no known wait in its stacks"
+        where = f" in {p.get('frame')}" if p.get("frame") else ""
+        same = (
+            "; stacks unchanged in the second snapshot"
+            if p.get("stacks_same_in_second_snapshot")
+            else ""
+        )
+        socks = f"; sockets {', '.join(p.get('sockets')[:3])}" if p.get("sockets") else ""
+        out.append(f"  pid {p.get('pid')} {p.get('name')}: {what}{where}{same}{socks}")
+    gaps = stall.get("gaps") or []
+    if gaps:
+        out.append(
+            "Largest gaps between log timestamps: "
+            + ", ".join(f"{g['seconds']:.0f} s before line {g['line']}" for g in gaps)
+        )
+    return out
