@@ -185,19 +185,20 @@ class HangScan:
 
     def _block(self, block: bytes) -> None:
         base = self.lines
-        for m in self._watch.feed(block, 0.0):
-            rank = m.rank if m.rank is not None else self._proc_rank.get(m.process or "")
-            if rank is not None and rank in self.ranks and m.marks != "shutdown":
-                self.ranks[rank].milestones.setdefault(m.stage, m.line_no)
-        for m in _WORLD_RE.finditer(block):
-            s = block.rfind(b"\n", 0, m.start()) + 1
+        # Ranks first (a rank's milestones in the same block must find it).
+        for wm in _WORLD_RE.finditer(block):
+            s = block.rfind(b"\n", 0, wm.start()) + 1
             line = parse_line(base + block.count(b"\n", 0, s) + 1, block[s : block.find(b"\n", s)])
-            ws, rank = int(m.group(1)), int(m.group(2))
+            ws, rank = int(wm.group(1)), int(wm.group(2))
             self.world_size = max(self.world_size or 0, ws)
             r = self.ranks.setdefault(rank, _Rank(line.line_no, line.process, {}))
             r.milestones.setdefault("comm_group", line.line_no)
             if line.process:
                 self._proc_rank[line.process] = rank
+        for m in self._watch.feed(block, 0.0):
+            who = m.rank if m.rank is not None else self._proc_rank.get(m.process or "")
+            if who is not None and who in self.ranks and m.marks != "shutdown":
+                self.ranks[who].milestones.setdefault(m.stage, m.line_no)
         self.lines = self._watch.lines
         self._tail_and_gaps(block, base)
 
@@ -317,9 +318,7 @@ def _matrix(scan: HangScan) -> tuple[list[dict[str, Any]], list[int]]:
         }
         for k, r in sorted(scan.ranks.items())
     ]
-    missing = (
-        sorted(set(range(scan.world_size)) - set(scan.ranks)) if scan.world_size else []
-    )
+    missing = sorted(set(range(scan.world_size)) - set(scan.ranks)) if scan.world_size else []
     return ranks, missing
 
 
@@ -354,7 +353,10 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
         analysis = replace(analysis, stages=stage_durations(analysis, times, _ended(launch)))
     no, text, proc = _last_progress(scan, _progress_limit(analysis, inputs, times))
     ff = analysis.first_failure
-    ready = "ready_line" in analysis.extra or analysis.last_stage_reached in ("api_ready", "serving")
+    ready = "ready_line" in analysis.extra or analysis.last_stage_reached in (
+        "api_ready",
+        "serving",
+    )
     exited_ok = launch is not None and launch.get("exit_code") == 0
     if ff is not None and ff.category != "hang":
         return analysis
@@ -381,9 +383,7 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
         "world_size": scan.world_size,
         "ranks": ranks,
         "missing_ranks": missing,
-        "gaps": [
-            {"after_line": a, "line": b, "seconds": round(g, 3)} for g, a, b in scan.gaps
-        ],
+        "gaps": [{"after_line": a, "line": b, "seconds": round(g, 3)} for g, a, b in scan.gaps],
         "processes": procs,
         "snapshots": [str(s.get("member")) for s in snapshots if s.get("member")],
         "summary": _summary(stage, text, scan.world_size, missing, waits),

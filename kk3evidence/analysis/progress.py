@@ -75,7 +75,7 @@ class MilestoneWatcher:
         self.lines += block.count(b"\n")
         found: list[Milestone] = []
         done_to = -1
-        for end, aid in self._prefilter.scan(block):
+        for end, _aid in self._prefilter.scan(block):
             if end <= done_to:
                 continue
             s = block.rfind(b"\n", 0, end) + 1
@@ -98,7 +98,14 @@ class MilestoneWatcher:
             return None
         r = hit.rule
         m = Milestone(
-            r.stage or "", r.id, line.text[:_MAX_TEXT], line_no, at, r.marks, line.process, line.rank,
+            r.stage or "",
+            r.id,
+            line.text[:_MAX_TEXT],
+            line_no,
+            at,
+            r.marks,
+            line.process,
+            line.rank,
             line.body[:_MAX_TEXT],
         )
         if r.marks == "shutdown":

@@ -24,7 +24,7 @@ def bundle_stall_inputs(source: object) -> StallInputs | None:
     """The stall inputs of a bundle path (``None`` for anything else or an unreadable one)."""
     if not isinstance(source, str | os.PathLike):
         return None
-    path = Path(os.fspath(source))  # type: ignore[arg-type]
+    path = Path(os.fspath(source))
     if not str(path).endswith((".tar", ".tar.gz", ".tgz")) or not path.is_file():
         return None
     try:

@@ -627,7 +627,14 @@ def run_capture(
                 daemon=True,
             )
             prober.start()
-        dog = start_watchdog(run, pump, str(staging / LOG_MEMBER), progress, nvml, _stop_run)
+        dog = start_watchdog(
+            run,
+            pump,
+            log_path=str(staging / LOG_MEMBER),
+            progress=progress,
+            nvml=nvml,
+            stop_run=_stop_run,
+        )
 
         # -- wait for CMD ---------------------------------------------------------------------
         returncode = _wait_interruptibly(proc)

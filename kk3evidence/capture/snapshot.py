@@ -292,9 +292,7 @@ def gpu_state(nvml: Any = None) -> dict[str, Any]:
                 ("memory_used_bytes", lambda h=h: nvml.nvmlDeviceGetMemoryInfo(h).used),
                 (
                     "processes",
-                    lambda h=h: [
-                        p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)
-                    ],
+                    lambda h=h: [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)],
                 ),
             ):
                 try:
@@ -316,8 +314,10 @@ def _stack_key(p: Mapping[str, Any]) -> list[Any] | None:
     if stacks is None:
         return None
     return sorted(
-        [[(f.get("function"), f.get("file"), f.get("line")) for f in t.get("frames") or []]
-         for t in stacks]
+        [
+            [(f.get("function"), f.get("file"), f.get("line")) for f in t.get("frames") or []]
+            for t in stacks
+        ]
     )
 
 

@@ -20,6 +20,7 @@ group, each after a grace period, recording which signal ended it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import threading
@@ -35,8 +36,8 @@ from kk3evidence.errors import UsageError
 from kk3evidence.model import STAGES
 
 __all__ = [
-    "DEFAULT_STALL_AFTER",
     "DEFAULT_STAGE_BUDGETS",
+    "DEFAULT_STALL_AFTER",
     "StallPolicy",
     "StopRecord",
     "Watchdog",
@@ -259,7 +260,11 @@ class Watchdog:
                 self._offset = size - _READ_PER_TICK
                 nl = os.pread(self._fd, 65536, self._offset).find(b"\n")
                 self._offset += nl + 1 if nl >= 0 else 0
-            data = os.pread(self._fd, size - self._offset, self._offset) if size > self._offset else b""
+            data = (
+                os.pread(self._fd, size - self._offset, self._offset)
+                if size > self._offset
+                else b""
+            )
         except OSError:
             return []
         self._offset += len(data)
@@ -357,13 +362,10 @@ def _dur(seconds: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat()
-
-
 def start_watchdog(
     run: Any,
     pump: Any,
+    *,
     log_path: str,
     progress: Callable[[str], None] | None,
     nvml: Any,
@@ -372,15 +374,12 @@ def start_watchdog(
     """Start the watchdog for one capture (``run`` is capture's ``_Run``); ``None`` when the
     policy turns it off and there is no progress line to draw."""
     policy: StallPolicy = run.opts.stall
-    if policy.stall_after <= 0 and not policy.per_stage and not policy.ready_timeout:
-        if progress is None:
-            return None
+    off = policy.stall_after <= 0 and not policy.per_stage and not policy.ready_timeout
+    if off and progress is None:
+        return None
     if run.target is None and policy.ready_timeout:
         run.say("--ready-timeout needs an HTTP server to poll; it is ignored for this command")
-        policy = StallPolicy(
-            policy.stall_after, policy.per_stage, policy.action, None, policy.second_after,
-            policy.grace, policy.tick,
-        )
+        policy = dataclasses.replace(policy, ready_timeout=None)
 
     def ready() -> bool:
         rd = run.readiness

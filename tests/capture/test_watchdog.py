@@ -56,7 +56,9 @@ def test_a_silent_start_up_is_snapshotted_and_stopped_even_when_it_ignores_sigte
     pids = {p["pid"] for p in first["processes"]}
     assert len(pids) >= 3  # the command and its two children
     top = next(p for p in first["processes"] if p["pid"] == first["root_pid"])
-    assert any(s["state"] == "LISTEN" and s["local"].startswith("127.0.0.1:") for s in top["sockets"])
+    assert any(
+        s["state"] == "LISTEN" and s["local"].startswith("127.0.0.1:") for s in top["sockets"]
+    )
     assert all(t["state"] for t in top["threads"])
     assert top["stacks_source"] in ("py-spy", "proc")
     if top["stacks_source"] == "py-spy":
@@ -83,7 +85,7 @@ def test_a_program_that_keeps_printing_slowly_is_never_stalled(tmp_path: Path) -
         ["--no-probe", "--stall-after", "2", "--stall-action", "stop"],
     )
     assert ran.returncode == 0, ran.stderr[-2000:]
-    launch, analysis, stalls = _bundle(bundle)
+    launch, _analysis, stalls = _bundle(bundle)
     assert stalls == [] and "stop" not in launch and b"stall:" not in ran.stderr
 
 
@@ -116,7 +118,7 @@ def test_a_second_sigterm_to_capture_kills_a_command_that_ignores_the_first(
         proc.send_signal(signal.SIGTERM)
         assert b"signal ignored" in proc.stdout.readline()
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -164,9 +166,9 @@ def test_a_snapshot_of_a_ten_process_tree_is_complete(tmp_path: Path) -> None:
         proc.stdout.close()
     assert len(doc["processes"]) == 10
     assert doc["seconds"] <= took + 0.1
-    from kk3evidence.bundle.schema import load_schema
-
     import jsonschema
+
+    from kk3evidence.bundle.schema import load_schema
 
     jsonschema.validate(doc, load_schema("stall"))
 

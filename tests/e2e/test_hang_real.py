@@ -87,9 +87,7 @@ def test_a_two_node_vllm_start_without_node_1_is_stopped_and_named(
         str(master),
     )
     with vllm_lock():
-        ran = _capture(
-            bundle, cmd, ["--stall-after", "60", "--stall-action", "stop"], timeout=900
-        )
+        ran = _capture(bundle, cmd, ["--stall-after", "60", "--stall-action", "stop"], timeout=900)
     assert validate(bundle) == [], ran.stderr[-3000:]
     launch, docs = _stalls(bundle)
     stop = launch["stop"]
