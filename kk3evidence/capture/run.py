@@ -415,7 +415,8 @@ class _Run:
         if signum in (signal.SIGINT, signal.SIGTERM) and stops >= 2:
             # A command that ignores the first one must not keep capture waiting.
             name = signal.Signals(signum).name
-            self.say(f"second {name}: killing the command's process group (SIGKILL)")
+            said = "Ctrl-C" if signum == signal.SIGINT else name
+            self.say(f"second {said}: killing the command's process group (SIGKILL)")
             self.stop_record = self.stop_record or StopRecord(f"{name} to capture, twice")
             self.stop_record.sent.append({"signal": "SIGKILL"})
             self.stop_record.ended_by = "SIGKILL"
