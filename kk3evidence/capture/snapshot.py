@@ -107,8 +107,9 @@ def _hex_addr(text: str) -> str:
         words = struct.unpack("<4I", raw)
         host = socket.inet_ntop(socket.AF_INET6, struct.pack(">4I", *words))
         if host.startswith("::ffff:") and "." in host:
-            host = host[len("::ffff:") :]
-        host = f"[{host}]"
+            host = host[len("::ffff:") :]  # an IPv4 peer on a dual-stack socket
+        else:
+            host = f"[{host}]"
     return f"{host}:{int(port, 16)}"
 
 
