@@ -43,7 +43,13 @@ from kk3evidence.capture import fingerprint as fpmod
 from kk3evidence.capture import http as probe
 from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
-from kk3evidence.capture.watchdog import StallPolicy, StopRecord, escalate, start_watchdog
+from kk3evidence.capture.watchdog import (
+    StallPolicy,
+    StopRecord,
+    escalate,
+    prepare_watchdog,
+    start_watchdog,
+)
 from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
 from kk3evidence.model import STAGES
 
@@ -575,6 +581,7 @@ def run_capture(
         on_first_loss=say,
     )
 
+    milestones = prepare_watchdog()
     # -- start CMD --------------------------------------------------------------------------
     # Hand the GIL over more often than every 5 ms so that the pump thread never waits long
     # behind the log writer (a 1 MiB pipe fills in ~3 ms during a flood).
@@ -631,6 +638,7 @@ def run_capture(
         dog = start_watchdog(
             run,
             pump,
+            milestones=milestones,
             log_path=str(staging / LOG_MEMBER),
             progress=progress,
             nvml=nvml,

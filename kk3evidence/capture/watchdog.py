@@ -43,6 +43,8 @@ __all__ = [
     "Watchdog",
     "escalate",
     "parse_stall_after",
+    "prepare_watchdog",
+    "start_watchdog",
 ]
 
 #: seconds without output or stage change before a snapshot (hour-long start-ups print
@@ -157,6 +159,7 @@ class Watchdog:
         redact_argv: Callable[[list[str]], list[str]] = list,
         nvml: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        milestones: MilestoneWatcher | None = None,
     ) -> None:
         self.policy = policy
         self._log_path = log_path
@@ -171,7 +174,7 @@ class Watchdog:
         self._redact = redact_argv
         self._nvml = nvml
         self._clock = clock
-        self.milestones = MilestoneWatcher()
+        self.milestones = milestones if milestones is not None else MilestoneWatcher()
         self.snapshots: list[str] = []
         self.stalls = 0
         self.stopped_for: str | None = None
@@ -362,10 +365,17 @@ def _dur(seconds: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
+def prepare_watchdog() -> MilestoneWatcher:
+    """Load and compile the milestone rules before CMD starts: done later, the compile would
+    hold the GIL while the pump thread passes CMD's first output through."""
+    return MilestoneWatcher()
+
+
 def start_watchdog(
     run: Any,
     pump: Any,
     *,
+    milestones: MilestoneWatcher | None = None,
     log_path: str,
     progress: Callable[[str], None] | None,
     nvml: Any,
@@ -406,6 +416,7 @@ def start_watchdog(
         progress=progress,
         redact_argv=lambda argv: list(run.redactor.argv(argv)),
         nvml=nvml,
+        milestones=milestones,
     )
     dog.start()
     return dog
