@@ -344,36 +344,56 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
     """
     scan.finish()
     inputs = inputs or StallInputs()
-    launch, snapshots = inputs.launch, inputs.snapshots
     times: dict[int, float] = {}
     if inputs.lines_tsv is not None:
         wanted = {1, analysis.lines_total} | {s.first_line for s in analysis.stages}
         wanted |= {n for n, _t, _p in scan.tail}
         times = receive_times(inputs.lines_tsv(), wanted)
-        analysis = replace(analysis, stages=stage_durations(analysis, times, _ended(launch)))
-    no, text, proc = _last_progress(scan, _progress_limit(analysis, inputs, times))
+        ended = _ended(inputs.launch)
+        analysis = replace(analysis, stages=stage_durations(analysis, times, ended))
+    if not _stalled(analysis, inputs):
+        return analysis
+    last = _last_progress(scan, _progress_limit(analysis, inputs, times))
+    stall = _stall_record(analysis, scan, inputs, times, last)
+    if analysis.first_failure is not None:
+        return replace(analysis, stall=stall)
+    return _with_verdict(analysis, stall, last)
+
+
+def _stalled(analysis: Analysis, inputs: StallInputs) -> bool:
     ff = analysis.first_failure
+    if ff is not None:
+        return ff.category == "hang"
+    launch, snapshots = inputs.launch, inputs.snapshots
     ready = "ready_line" in analysis.extra or analysis.last_stage_reached in (
         "api_ready",
         "serving",
     )
     exited_ok = launch is not None and launch.get("exit_code") == 0
-    if ff is not None and ff.category != "hang":
-        return analysis
     # From a log alone (a slice, maybe) a start-up without ready line may simply go on: only a
     # stop requested before ready is evidence. A bundle knows how the run ended.
     stopped = launch is not None or "shutdown_requested_line" in analysis.extra
     started = analysis.last_stage_reached is not None or bool(snapshots)
-    if ff is None and (ready or exited_ok or not started or not (stopped or snapshots)):
-        return analysis
+    return not (ready or exited_ok or not started or not (stopped or snapshots))
+
+
+def _stall_record(
+    analysis: Analysis,
+    scan: HangScan,
+    inputs: StallInputs,
+    times: Mapping[int, float],
+    last: tuple[int, str, str | None],
+) -> dict[str, Any]:
+    no, text, proc = last
+    ff, launch, snapshots = analysis.first_failure, inputs.launch, inputs.snapshots
     ranks, missing = _matrix(scan)
     procs = _snapshot_processes(snapshots)
     waits = [p for p in procs if p["waiting_in"]]
     stage = scan.stage or analysis.last_stage_reached or "container_init"
-    if ff is None and waits and waits[0]["stage"]:
-        stage = waits[0]["stage"]
-    elif ff is not None:
+    if ff is not None:
         stage = ff.stage
+    elif waits and waits[0]["stage"]:
+        stage = waits[0]["stage"]
     stall: dict[str, Any] = {
         "stage": stage,
         "since_line": no,
@@ -387,6 +407,7 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
         "processes": procs,
         "snapshots": [str(s.get("member")) for s in snapshots if s.get("member")],
         "summary": _summary(stage, text, scan.world_size, missing, waits),
+        "next_steps": _next_steps(stage, missing, waits),
     }
     if no in times:
         stall["since"] = datetime.fromtimestamp(times[no], UTC).isoformat()
@@ -395,8 +416,15 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
             stall["silent_s"] = round(max(0.0, end - times[no]), 3)
     if launch is not None:
         stall["stopped_by"] = (launch.get("stop") or {}).get("reason")
-    if ff is not None:
-        return replace(analysis, stall=stall)
+    return stall
+
+
+def _with_verdict(
+    analysis: Analysis, stall: dict[str, Any], last: tuple[int, str, str | None]
+) -> Analysis:
+    """``first_failure`` = the stall (basis ``stall``, category ``hang``) at the last progress."""
+    no, text, proc = last
+    stage = str(stall["stage"])
     finding = Finding(
         line_no=no,
         rule=STALL_RULE,
@@ -411,20 +439,19 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
     # The stall line may be a classified warning: the verdict takes its place.
     kept = [f for f in analysis.findings if f.line_no != no]
     findings = tuple(sorted((*kept, finding), key=lambda f: f.line_no))
-    stages = _with_failed(analysis.stages, stage, no)
     extra = dict(analysis.extra)
     extra["first_failure_rule"] = {
         "name": "start-up-stopped-moving",
         "summary": stall["summary"],
         "why": "The run never became ready and no line states a failure: progress stopped.",
-        "next_steps": _next_steps(stage, missing, waits),
+        "next_steps": list(stall["next_steps"]),
         "severity": "fatal",
     }
     return replace(
         analysis,
         first_failure=finding,
         findings=findings,
-        stages=stages,
+        stages=_with_failed(analysis.stages, stage, no),
         extra=extra,
         stall=stall,
         last_stage_reached=analysis.last_stage_reached or stage,
