@@ -192,7 +192,8 @@ class Watchdog:
 
     def close(self, timeout: float = 30.0) -> None:
         self._done.set()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)

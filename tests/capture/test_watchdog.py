@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from progs.helpers import PY, base_env, capture_argv, prog, run_capture
+from progs.helpers import PY, base_env, capture_argv, free_port, prog, run_capture
 
 from kk3evidence.bundle.archive import open_bundle, validate
 from kk3evidence.capture import snapshot as snap
@@ -196,3 +196,38 @@ def test_net_tcp_lines_give_addresses_and_states() -> None:
         "tcp6",
     )
     assert six[5]["local"] == "[::1]:8080"
+
+
+@pytest.mark.slow
+def test_ready_timeout_snapshots_and_stops_a_server_that_never_answers(tmp_path: Path) -> None:
+    bundle = tmp_path / "b.tar"
+    ran = run_capture(
+        bundle,
+        [PY, STALL, "--print-every", "0.3", "--prints", "1000"],  # busy printing, never ready
+        ["--url", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "3", "--grace", "5"],
+        timeout=120,
+    )
+    assert ran.returncode == 128 + signal.SIGINT or ran.returncode == 1, ran.stderr[-2000:]
+    launch, _analysis, stalls = _bundle(bundle)
+    assert launch["stop"]["reason"] == "ready-timeout"
+    assert (
+        launch["stop"]["sent"][0]["signal"] == "SIGINT" and launch["stop"]["ended_by"] == "SIGINT"
+    )
+    assert stalls and stalls[0]["context"]["trigger"] == "ready-timeout"
+
+
+def test_without_py_spy_the_snapshot_says_why_and_keeps_proc() -> None:
+    proc = subprocess.Popen([PY, STALL, "--listen"], stdout=subprocess.PIPE, process_group=0)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        doc = snap.take_snapshot(proc.pid, seq=1, reason="t", py_spy="/nonexistent/py-spy")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+    (p,) = doc["processes"]
+    assert p["stacks"] is None and p["stacks_source"] == "proc"
+    assert "cannot run py-spy" in p["stacks_error"]
+    assert p["threads"] and any(s["state"] == "LISTEN" for s in p["sockets"])
