@@ -106,10 +106,9 @@ def _hex_addr(text: str) -> str:
     else:
         words = struct.unpack("<4I", raw)
         host = socket.inet_ntop(socket.AF_INET6, struct.pack(">4I", *words))
-        if host.startswith("::ffff:") and "." in host:
-            host = host[len("::ffff:") :]  # an IPv4 peer on a dual-stack socket
-        else:
-            host = f"[{host}]"
+        # an IPv4 peer on a dual-stack socket is shown as IPv4
+        mapped = host.startswith("::ffff:") and "." in host
+        host = host[len("::ffff:") :] if mapped else f"[{host}]"
     return f"{host}:{int(port, 16)}"
 
 
