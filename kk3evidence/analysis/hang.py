@@ -39,6 +39,7 @@ __all__ = [
 STALL_RULE = "STALL001"
 _KEEP_LINES = 64
 _MAX_GAPS = 3
+_RANKS_PER_BLOCK = 64
 _WORLD_RE = re.compile(rb"world_size=(\d{1,6}) rank=(\d{1,6})")
 _TS_RE = re.compile(r"^(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})$")
 # Lines that only say the run is being stopped: never "the last progress line".
@@ -152,7 +153,8 @@ class HangScan:
     """Fed blocks of the log (whole lines or not); bounded memory."""
 
     def __init__(self) -> None:
-        self._watch = MilestoneWatcher()
+        # Every rank's copy of a milestone counts for the matrix (up to 64 per block).
+        self._watch = MilestoneWatcher(per_marker=_RANKS_PER_BLOCK)
         self._pending = b""
         self.lines = 0
         self.tail: collections.deque[tuple[int, str, str | None]] = collections.deque(
@@ -185,6 +187,11 @@ class HangScan:
 
     def _block(self, block: bytes) -> None:
         base = self.lines
+        if self._watch.ready:
+            # The server answered: no stall verdict can follow, so keep only the line count
+            # (a long serving log then costs one newline count per block).
+            self.lines += block.count(b"\n")
+            return
         # Ranks first (a rank's milestones in the same block must find it).
         for wm in _WORLD_RE.finditer(block):
             s = block.rfind(b"\n", 0, wm.start()) + 1
@@ -199,7 +206,7 @@ class HangScan:
             who = m.rank if m.rank is not None else self._proc_rank.get(m.process or "")
             if who is not None and who in self.ranks and m.marks != "shutdown":
                 self.ranks[who].milestones.setdefault(m.stage, m.line_no)
-        self.lines = self._watch.lines
+        self.lines += block.count(b"\n")
         self._tail_and_gaps(block, base)
 
     def _tail_and_gaps(self, block: bytes, base: int) -> None:
@@ -221,10 +228,10 @@ class HangScan:
         self._timestamps(block, base)
 
     def _timestamps(self, block: bytes, base: int) -> None:
-        # At most ~2000 lines per block are looked at (a flood is sampled: its gaps are small),
+        # At most ~500 lines per block are looked at (a flood is sampled: its gaps are small),
         # so the cost never grows with the number of lines.
         n = len(block)
-        step = max(1, n // 2000)
+        step = max(1, n // 500)
         pos, no = 0, base
         while pos < n:
             e = block.find(b"\n", pos)

@@ -19,6 +19,7 @@ from kk3evidence.analysis.rules import Rule, RuleSet, load_rules
 __all__ = ["Milestone", "MilestoneWatcher"]
 
 _MAX_TEXT = 300  # characters of a milestone line kept for the progress line
+_MAX_HITS = 64  # candidate lines looked at per fed block, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +40,11 @@ class Milestone:
 class MilestoneWatcher:
     """Feed log bytes as they arrive (any chunking); read :attr:`stage` and :attr:`last`."""
 
-    def __init__(self, ruleset: RuleSet | None = None) -> None:
+    def __init__(self, ruleset: RuleSet | None = None, *, per_marker: int = 1) -> None:
+        """``per_marker``: how many first lines per milestone marker and block are classified
+        (plus the last); 1 follows the stage, more sees every rank's copy of a milestone."""
         rs = ruleset if ruleset is not None else load_rules()
+        self._per_marker = max(1, per_marker)
         rules = [r for r in rs.rules if r.kind == "milestone" and r.stage]
         anchors: dict[str, list[Rule]] = {}
         for r in rules:
@@ -75,7 +79,20 @@ class MilestoneWatcher:
         self.lines += block.count(b"\n")
         found: list[Milestone] = []
         done_to = -1
-        for end, _aid in self._prefilter.scan(block):
+        # Per anchor only its first and last line in the block matter for "where is it now"
+        # (a flood of access-log lines is one anchor): the cost per block stays bounded.
+        first: dict[int, list[int]] = {}
+        last: dict[int, int] = {}
+        for end, aid in self._prefilter.scan(block):
+            got = first.setdefault(aid, [])
+            if len(got) < self._per_marker:
+                got.append(end)
+            last[aid] = end
+        ends = sorted({e for v in first.values() for e in v} | set(last.values()))
+        cap = _MAX_HITS * self._per_marker
+        if len(ends) > cap:
+            ends = ends[: cap // 4] + ends[-(cap - cap // 4) :]
+        for end in ends:
             if end <= done_to:
                 continue
             s = block.rfind(b"\n", 0, end) + 1

@@ -52,7 +52,7 @@ __all__ = [
 DEFAULT_STALL_AFTER = 600.0
 #: stages that may stay silent longer: a cold torch.compile / CUDA-graph capture of a huge model
 DEFAULT_STAGE_BUDGETS: Mapping[str, float] = {"engine_init": 1800.0}
-_READ_PER_TICK = 4 * 1024 * 1024  # log bytes classified per tick at most (a flood is skipped)
+_READ_PER_TICK = 1024 * 1024  # log bytes classified per tick at most (a flood is skipped)
 _MAX_STALL_SNAPSHOTS = 3  # pairs of snapshots per run with --stall-action record
 
 
@@ -246,6 +246,8 @@ class Watchdog:
         while len(self._rate) > 2 and now - self._rate[0][0] > 10:
             self._rate.pop(0)
         before = self.milestones.stage
+        if self.milestones.ready or self._ready():
+            return  # serving: the stage no longer changes, and idle silence is no stall
         for data in self._new_log():
             self.milestones.feed(data, now)
         if self.milestones.stage != before:
