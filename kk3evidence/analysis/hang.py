@@ -39,7 +39,7 @@ __all__ = [
 STALL_RULE = "STALL001"
 _KEEP_LINES = 64
 _MAX_GAPS = 3
-_RANKS_PER_BLOCK = 64
+_FULL_LINES = 4000
 _WORLD_RE = re.compile(rb"world_size=(\d{1,6}) rank=(\d{1,6})")
 _TS_RE = re.compile(r"^(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})$")
 # Lines that only say the run is being stopped: never "the last progress line".
@@ -153,8 +153,8 @@ class HangScan:
     """Fed blocks of the log (whole lines or not); bounded memory."""
 
     def __init__(self) -> None:
-        # Every rank's copy of a milestone counts for the matrix (up to 64 per block).
-        self._watch = MilestoneWatcher(per_marker=_RANKS_PER_BLOCK)
+        # Every rank's copy of a milestone counts for the matrix (a start-up has a few hundred).
+        self._watch = MilestoneWatcher(full_lines=_FULL_LINES)
         self._pending = b""
         self.lines = 0
         self.tail: collections.deque[tuple[int, str, str | None]] = collections.deque(
@@ -171,7 +171,14 @@ class HangScan:
         """The stage of the latest milestone line (time order)."""
         return self._watch.stage
 
+    @property
+    def ready(self) -> bool:
+        """A ready line was seen: the scan stopped (no stall verdict can follow)."""
+        return self._watch.ready
+
     def feed(self, data: bytes) -> None:
+        if self._watch.ready:
+            return  # a long serving log costs nothing more
         buf = self._pending + data if self._pending else data
         cut = buf.rfind(b"\n")
         if cut < 0:
@@ -187,11 +194,6 @@ class HangScan:
 
     def _block(self, block: bytes) -> None:
         base = self.lines
-        if self._watch.ready:
-            # The server answered: no stall verdict can follow, so keep only the line count
-            # (a long serving log then costs one newline count per block).
-            self.lines += block.count(b"\n")
-            return
         # Ranks first (a rank's milestones in the same block must find it).
         for wm in _WORLD_RE.finditer(block):
             s = block.rfind(b"\n", 0, wm.start()) + 1
@@ -361,6 +363,9 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
     if not _stalled(analysis, inputs):
         return analysis
     last = _last_progress(scan, _progress_limit(analysis, inputs, times))
+    ff = analysis.first_failure
+    if scan.ready and ff is not None:
+        last = (ff.line_no, ff.text, ff.process)  # a timeout after ready: the scan had stopped
     stall = _stall_record(analysis, scan, inputs, times, last)
     if analysis.first_failure is not None:
         return replace(analysis, stall=stall)

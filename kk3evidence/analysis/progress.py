@@ -40,11 +40,12 @@ class Milestone:
 class MilestoneWatcher:
     """Feed log bytes as they arrive (any chunking); read :attr:`stage` and :attr:`last`."""
 
-    def __init__(self, ruleset: RuleSet | None = None, *, per_marker: int = 1) -> None:
-        """``per_marker``: how many first lines per milestone marker and block are classified
-        (plus the last); 1 follows the stage, more sees every rank's copy of a milestone."""
+    def __init__(self, ruleset: RuleSet | None = None, *, full_lines: int = 0) -> None:
+        """``full_lines``: how many milestone lines in all are classified one by one (every
+        rank's copy counts, for the rank matrix); beyond it, and by default, only the first
+        and last line per milestone marker and block, which is enough to follow the stage."""
         rs = ruleset if ruleset is not None else load_rules()
-        self._per_marker = max(1, per_marker)
+        self._full_left = full_lines
         rules = [r for r in rs.rules if r.kind == "milestone" and r.stage]
         anchors: dict[str, list[Rule]] = {}
         for r in rules:
@@ -74,31 +75,38 @@ class MilestoneWatcher:
         self._pending = buf[cut + 1 :][-65536:]
         return self._block(buf[: cut + 1], at)
 
+    def _ends(self, block: bytes) -> list[int]:
+        hits = self._prefilter.scan(block)
+        if len(hits) <= self._full_left:
+            self._full_left -= len(hits)
+            return sorted({end for end, _aid in hits})
+        self._full_left = 0
+        # Per marker only its first and last line in the block matter for "where is it now"
+        # (a flood of access-log lines is one marker): the cost per block stays bounded.
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for end, aid in hits:
+            first.setdefault(aid, end)
+            last[aid] = end
+        ends = sorted(set(first.values()) | set(last.values()))
+        if len(ends) > _MAX_HITS:
+            ends = ends[: _MAX_HITS // 4] + ends[-(_MAX_HITS - _MAX_HITS // 4) :]
+        return ends
+
     def _block(self, block: bytes, at: float) -> list[Milestone]:
-        base = self.lines
+        line_no = self.lines
         self.lines += block.count(b"\n")
         found: list[Milestone] = []
         done_to = -1
-        # Per anchor only its first and last line in the block matter for "where is it now"
-        # (a flood of access-log lines is one anchor): the cost per block stays bounded.
-        first: dict[int, list[int]] = {}
-        last: dict[int, int] = {}
-        for end, aid in self._prefilter.scan(block):
-            got = first.setdefault(aid, [])
-            if len(got) < self._per_marker:
-                got.append(end)
-            last[aid] = end
-        ends = sorted({e for v in first.values() for e in v} | set(last.values()))
-        cap = _MAX_HITS * self._per_marker
-        if len(ends) > cap:
-            ends = ends[: cap // 4] + ends[-(cap - cap // 4) :]
-        for end in ends:
+        pos = 0
+        for end in self._ends(block):
             if end <= done_to:
                 continue
             s = block.rfind(b"\n", 0, end) + 1
             e = block.find(b"\n", end - 1)
             done_to = e
-            line_no = base + block.count(b"\n", 0, s) + 1
+            line_no += block.count(b"\n", pos, s) + 1  # counted from the previous line on
+            pos = e + 1
             m = self._line(block[s:e], line_no, at)
             if m is not None:
                 found.append(m)
