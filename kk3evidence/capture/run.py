@@ -400,6 +400,7 @@ class _Run:
         self.pgid: int | None = None
         self.started_mono = 0.0
         self.signals: list[int] = []
+        self.early_signals: list[int] = []
         self.interrupted_by: str | None = None
         self.stopped_by: str | None = None
         self.readiness: probe.Readiness | None = None
@@ -416,6 +417,7 @@ class _Run:
         if self.interrupted_by is None:
             self.interrupted_by = signal.Signals(signum).name
         if self.pgid is None:
+            self.early_signals.append(signum)  # sent on as soon as the group exists
             return
         stops = sum(1 for s in self.signals if s in (signal.SIGINT, signal.SIGTERM))
         if signum in (signal.SIGINT, signal.SIGTERM) and stops >= 2:
@@ -613,8 +615,8 @@ def run_capture(
         pump = Pump((proc.stdout.fileno(), proc.stderr.fileno()), (out, err), recorder)
         pump.start()
         _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
-        if run.signals:  # a signal arrived before the group existed
-            run.kill_group(run.signals[0])
+        if run.early_signals:  # a signal arrived before the group existed
+            run.kill_group(run.early_signals[0])
 
         fp = run.fp
         fp_thread = threading.Thread(
