@@ -231,3 +231,20 @@ def test_without_py_spy_the_snapshot_says_why_and_keeps_proc() -> None:
     assert p["stacks"] is None and p["stacks_source"] == "proc"
     assert "cannot run py-spy" in p["stacks_error"]
     assert p["threads"] and any(s["state"] == "LISTEN" for s in p["sockets"])
+
+
+def test_a_signal_is_held_back_only_while_the_group_does_not_exist() -> None:
+    # A signal forwarded on arrival must not be sent again once CMD has started: a second
+    # SIGTERM during CMD's exit handler killed it (exit 143 instead of its own code).
+    from kk3evidence.capture.run import CaptureOptions, _Run
+
+    run = _Run(
+        CaptureOptions(argv=("x",)), lambda _m: None, writer=None, redactor=None, argv=["x"], env={}
+    )
+    sent: list[int] = []
+    run.kill_group = lambda s: sent.append(s) or True  # type: ignore[method-assign]
+    run.on_signal(signal.SIGTERM, None)
+    assert run.early_signals == [signal.SIGTERM] and sent == []
+    run.pgid = 12345
+    run.on_signal(signal.SIGHUP, None)
+    assert run.early_signals == [signal.SIGTERM] and sent == [signal.SIGHUP]
