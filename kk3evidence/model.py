@@ -113,14 +113,22 @@ class StageSpan:
     status: StageStatus
     first_line: int
     last_line: int
+    #: 0.2, from per-line receive times (``logs/lines.tsv``): seconds after the first line when
+    #: the stage started, and how long it lasted (until the next stage or the end)
+    started_s: float | None = None
+    seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "stage": self.stage,
             "status": self.status,
             "first_line": self.first_line,
             "last_line": self.last_line,
         }
+        if self.seconds is not None or self.started_s is not None:
+            out["started_s"] = self.started_s
+            out["seconds"] = self.seconds
+        return out
 
 
 @dataclass(frozen=True, slots=True)

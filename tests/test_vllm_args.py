@@ -277,7 +277,8 @@ def test_real_command_lines_parse_without_unknown_tokens(realruns: Path) -> None
         cmd = parse_serve_command(f.read_text())
         assert cmd.model, f
         assert cmd.unknown == (), (f, cmd.unknown)
-        assert cmd.port == 8011 and cmd.host == "127.0.0.1"
+        # shared/realruns used 8011; the later two-node hang run (issue 11) its own port
+        assert cmd.port in (8011, 18201) and cmd.host == "127.0.0.1"
         again = parse_serve_argv(render_argv(cmd))
         assert again == cmd
 

@@ -35,8 +35,10 @@ from kk3evidence.analysis.grammar import (
     decode_line,
     parse_line,
 )
+from kk3evidence.analysis.hang import HangScan, StallInputs, apply_hang
 from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, StageHints, load_rules, load_stage_hints
+from kk3evidence.analysis.stall_inputs import bundle_stall_inputs
 from kk3evidence.bundle.archive import open_bundle
 from kk3evidence.errors import InputError
 from kk3evidence.model import Analysis
@@ -945,16 +947,20 @@ def analyze(
     label: str | None = None,
     engine: str | None = None,
     context: int = 3,
+    stall_inputs: StallInputs | None = None,
 ) -> Analysis:
     """Analyse a bundle path (.tar/.tar.gz/.tgz), a log path, ``"-"`` (stdin), log text (a
     ``str`` holding a newline), a binary file object, raw bytes, or an iterable of
     ``str``/``bytes`` lines.
 
     Raises :class:`~kk3evidence.errors.InputError` (or ``BundleError``) for unreadable input;
-    never a traceback for the content of a log.
+    never a traceback for the content of a log. ``stall_inputs`` (a capture in progress) or a
+    bundle's own members add stage durations and stall snapshots (:mod:`.hang`).
     """
     name, blocks = _blocks_for(source)
     eng = AnalysisEngine(label or name, ruleset, engine=engine, context=context)
+    scan = HangScan()
     for block in blocks:
         eng.feed(block)
-    return eng.finish()
+        scan.feed(block)
+    return apply_hang(eng.finish(), scan, stall_inputs or bundle_stall_inputs(source))

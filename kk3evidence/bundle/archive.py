@@ -74,11 +74,11 @@ LOG_MEMBER = "logs/combined.log"
 LINES_MEMBER = "logs/lines.tsv"
 REQUIRED_MEMBERS: tuple[str, ...] = ("fingerprint.json", "launch.json", LOG_MEMBER)
 OPTIONAL_MEMBERS: tuple[str, ...] = ("notes.json", "analysis.json", "preflight.json")
-EXTRA_FOLDERS: tuple[str, ...] = ("logs", "requests", "metrics", "probes")
+EXTRA_FOLDERS: tuple[str, ...] = ("logs", "requests", "metrics", "probes", "stalls")
 
 _MEMBER_RE = re.compile(
     r"^(?:(?:manifest|fingerprint|launch|notes|analysis|preflight)\.json"
-    r"|(?:logs|requests|metrics|probes)(?:/[A-Za-z0-9_][A-Za-z0-9._-]*)+)$"
+    r"|(?:logs|requests|metrics|probes|stalls)(?:/[A-Za-z0-9_][A-Za-z0-9._-]*)+)$"
 )
 _TOP_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
 _BUNDLE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -510,7 +510,7 @@ class _Scanner:
                 "unexpected-member",
                 "is not a v1 bundle member (allowed: manifest.json, fingerprint.json, "
                 "launch.json, notes.json, analysis.json, preflight.json, logs/, "
-                "requests/, metrics/, probes/)",
+                "requests/, metrics/, probes/, stalls/)",
                 member=_show(rest),
             )
             return _Next.SKIP
@@ -1077,7 +1077,7 @@ def _check_writer_name(member: str) -> str:
         raise BundleError(
             f"{member!r} is not a valid bundle member name (allowed: fingerprint.json, "
             "launch.json, notes.json, analysis.json, preflight.json, logs/…, requests/…, "
-            "metrics/…, probes/…)"
+            "metrics/…, probes/…, stalls/…)"
         )
     if member == MANIFEST:
         raise BundleError("manifest.json is written by finalize(), not by hand")

@@ -67,6 +67,7 @@ SCHEMA_IDS: dict[str, str] = {
     "request": "kk3evidence/request/v1",
     "analysis": "kk3evidence/analysis/v1",
     "preflight": "kk3evidence/preflight/v1",
+    "stall": "kk3evidence/stall/v1",
 }
 
 #: a TOML value as ``tomllib`` gives it: JSON's types (no null) plus dates and times; recursive
@@ -88,6 +89,8 @@ def schema_for_member(member: str) -> str | None:
         return MEMBER_SCHEMAS[member]
     if member.startswith("requests/") and member.endswith(".json"):
         return "request"
+    if member.startswith("stalls/") and member.endswith(".json"):
+        return "stall"
     return None
 
 

@@ -49,6 +49,13 @@ from kk3evidence.capture.procscan import LibraryScanner, group_members
 from kk3evidence.capture.pump import LineRecorder, Pump
 from kk3evidence.capture.staging import default_output, staging_for  # noqa: F401 (re-exported)
 from kk3evidence.capture.staging import reserve as reserve_staging
+from kk3evidence.capture.watchdog import (
+    StallPolicy,
+    StopRecord,
+    escalate,
+    prepare_watchdog,
+    start_watchdog,
+)
 from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
 from kk3evidence.model import FORMAT_IDS, STAGES
 
@@ -146,6 +153,9 @@ class CaptureOptions:
     preflight: bool = False  # run `preflight` first and store preflight.json
     preflight_recipe: str | None = None
     group: str | None = None  # --group ID|auto (None: derived only for a multi-node launch)
+    #: the stall watchdog and ready timeout (capture/watchdog.py); StallPolicy(stall_after=0)
+    #: with no ready_timeout turns it off
+    stall: StallPolicy = field(default_factory=StallPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,6 +404,7 @@ class _Run:
         self.server_pid: int | None = None
         self.started_mono = 0.0
         self.signals: list[int] = []
+        self.early_signals: list[int] = []
         self.interrupted_by: str | None = None
         self.stopped_by: str | None = None
         self.readiness: probe.Readiness | None = None
@@ -401,6 +412,8 @@ class _Run:
         self.prefix: dict[str, Any] | None = None
         self.target: probe.ApiTarget | None = None
         self.problems: list[str] = []
+        self.stop_record: StopRecord | None = None
+        self.stall_docs: list[dict[str, Any]] = []
 
     # signals -------------------------------------------------------------------------------
     def on_signal(self, signum: int, _frame: object) -> None:
@@ -408,10 +421,17 @@ class _Run:
         if self.interrupted_by is None:
             self.interrupted_by = signal.Signals(signum).name
         if self.pgid is None:
+            self.early_signals.append(signum)  # sent on as soon as the group exists
             return
-        sigints = sum(1 for s in self.signals if s == signal.SIGINT)
-        if signum == signal.SIGINT and sigints >= 2:
-            self.say("second Ctrl-C: killing the command's process group (SIGKILL)")
+        stops = sum(1 for s in self.signals if s in (signal.SIGINT, signal.SIGTERM))
+        if signum in (signal.SIGINT, signal.SIGTERM) and stops >= 2:
+            # A command that ignores the first one must not keep capture waiting.
+            name = signal.Signals(signum).name
+            said = "Ctrl-C" if signum == signal.SIGINT else name
+            self.say(f"second {said}: killing the command's process group (SIGKILL)")
+            self.stop_record = self.stop_record or StopRecord(f"{name} to capture, twice")
+            self.stop_record.sent.append({"signal": "SIGKILL"})
+            self.stop_record.ended_by = "SIGKILL"
             self.kill_group(signal.SIGKILL)
         else:
             self.kill_group(signum)
@@ -478,9 +498,11 @@ def run_capture(
     say: Callable[[str], None],
     nvml: Any = None,
     container_root: str = "/",
+    progress: Callable[[str], None] | None = None,
 ) -> CaptureResult:
     """Run ``opts.argv`` and write the bundle. ``out``/``err`` receive CMD's raw output;
-    ``say`` receives capture's own one-line messages. Returns CMD's exit status."""
+    ``say`` receives capture's own one-line messages, ``progress`` the live progress line.
+    Returns CMD's exit status."""
     argv = list(opts.argv)
     if not argv:
         raise UsageError(
@@ -567,6 +589,7 @@ def run_capture(
         ledger=ledger.update,
     )
 
+    milestones = prepare_watchdog()
     # -- start CMD --------------------------------------------------------------------------
     # Hand the GIL over more often than every 5 ms so that the pump thread never waits long
     # behind the log writer (a 1 MiB pipe fills in ~3 ms during a flood).
@@ -601,8 +624,8 @@ def run_capture(
         _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
         pump = Pump((proc.stdout.fileno(), proc.stderr.fileno()), (out, err), recorder)
         pump.start()
-        if run.signals:  # a signal arrived before the group existed
-            run.kill_group(run.signals[0])
+        if run.early_signals:  # a signal arrived before the group existed
+            run.kill_group(run.early_signals[0])
 
         fp = run.fp
         fp_thread = threading.Thread(
@@ -623,10 +646,21 @@ def run_capture(
                 daemon=True,
             )
             prober.start()
+        dog = start_watchdog(
+            run,
+            pump,
+            milestones=milestones,
+            log_path=str(staging / LOG_MEMBER),
+            progress=progress,
+            nvml=nvml,
+            stop_run=_stop_run,
+        )
 
         # -- wait for CMD ---------------------------------------------------------------------
         returncode = _wait_interruptibly(proc)
         run.child_exited.set()
+        if dog is not None:
+            dog.close()
         ended = datetime.now(UTC)
         _settle_group(run)
         if not pump.join(opts.grace + 5):
@@ -678,6 +712,10 @@ def run_capture(
     launch["interrupted_by"] = run.interrupted_by
     if run.stopped_by:
         launch["stopped_by"] = run.stopped_by
+    if run.stop_record is not None:
+        launch["stop"] = run.stop_record.to_json()
+    if dog is not None and dog.snapshots:
+        launch["stalls"] = list(dog.snapshots)
     rd = run.readiness
     if rd is not None:
         launch["ready_seconds"] = round(rd.seconds, 3) if rd.seconds is not None else None
@@ -1191,7 +1229,14 @@ def _analyze(run: _Run, writer: Any, staging: Path) -> dict[str, Any] | None:
         writer.add_not_collected("analysis.json", f"analysis unavailable: {exc}")
         return None
     try:
-        result = analyze(str(log)).to_json()
+        from kk3evidence.analysis.hang import StallInputs
+
+        inputs = StallInputs(
+            launch=dict(run.launch),
+            snapshots=tuple(run.stall_docs),
+            lines_tsv=functools.partial(_file_blocks, staging / "logs" / "lines.tsv"),
+        )
+        result = analyze(str(log), stall_inputs=inputs).to_json()
     except Exception as exc:
         with contextlib.suppress(Exception):
             writer.add_not_collected("analysis.json", f"{type(exc).__name__}: {exc}")
@@ -1200,6 +1245,28 @@ def _analyze(run: _Run, writer: Any, staging: Path) -> dict[str, Any] | None:
     result["source"] = "logs/combined.log"
     _safe(run, "analysis.json", lambda: writer.write_json("analysis.json", result))
     return result
+
+
+def _file_blocks(path: Path) -> Any:
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                yield chunk
+    except OSError:
+        return
+
+
+def _stop_run(run: _Run, reason: str) -> None:
+    """The watchdog's stop: SIGINT → SIGTERM → SIGKILL to CMD's group (recorded)."""
+    run.stopped_by = reason
+    run.stop_record = StopRecord(reason)
+    escalate(
+        run.stop_record,
+        run.kill_group,
+        run.child_exited.wait,
+        grace=run.opts.grace,
+        say=run.say,
+    )
 
 
 def _stages_reached(analysis: Mapping[str, Any] | None, run: _Run) -> list[str]:

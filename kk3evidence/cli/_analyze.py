@@ -9,6 +9,7 @@ import click
 
 from kk3evidence.analysis import group
 from kk3evidence.analysis.engine import analyze
+from kk3evidence.analysis.hang import describe_stall
 from kk3evidence.analysis.rules import RuleSet, load_rule_files
 from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, InputError, UsageError
 from kk3evidence.model import Analysis, Finding
@@ -21,6 +22,14 @@ _MAX_CONSEQUENCES_SHOWN = 12
 
 def _clip(text: str, width: int = 220) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _secs(value: float | None) -> str:
+    if value is None:
+        return "?"
+    if value < 120:
+        return f"{value:.1f} s"
+    return f"{value / 60:.1f} min"
 
 
 def _rule_info(a: Analysis) -> dict[str, Any]:
@@ -77,7 +86,8 @@ def render_text(a: Analysis) -> str:
         out.append("  (no stage evidence found)")
     for s in a.stages:
         mark = {"completed": "completed", "failed": "FAILED", "started": "started"}[s.status]
-        out.append(f"  {s.stage:<17} {mark:<10} lines {s.first_line}-{s.last_line}")
+        took = f"  {_secs(s.seconds)} from +{_secs(s.started_s)}" if s.seconds is not None else ""
+        out.append(f"  {s.stage:<17} {mark:<10} lines {s.first_line}-{s.last_line}{took}")
     out.append(f"Last stage reached: {a.last_stage_reached or 'none'}")
     out.append("")
     ff = a.first_failure
@@ -110,6 +120,8 @@ def render_text(a: Analysis) -> str:
         out += [f"  {i}. {s}" for i, s in enumerate(info["next_steps"], 1)]
     for note in a.extra.get("notes", []):
         out.append(f"Note: {note}")
+    if a.stall:
+        out += ["", *(_clip(x, 300) for x in describe_stall(a.stall))]
     if a.consequences:
         out += ["", f"Consequences ({len(a.consequences)}; they only report the failure above):"]
         for c in a.consequences[:_MAX_CONSEQUENCES_SHOWN]:
@@ -128,9 +140,10 @@ def render_text(a: Analysis) -> str:
 def render_markdown(a: Analysis) -> str:
     out: list[str] = [f"# Analysis of `{a.source}`", ""]
     out.append(f"{a.lines_total} lines; last stage reached: **{a.last_stage_reached or 'none'}**.")
-    out += ["", "## Stages", "", "| stage | status | lines |", "|---|---|---|"]
+    out += ["", "## Stages", "", "| stage | status | lines | time in stage |", "|---|---|---|---|"]
     for s in a.stages:
-        out.append(f"| {s.stage} | {s.status} | {s.first_line}–{s.last_line} |")
+        took = _secs(s.seconds) if s.seconds is not None else ""
+        out.append(f"| {s.stage} | {s.status} | {s.first_line}–{s.last_line} | {took} |")
     out.append("")
     ff = a.first_failure
     if ff is None:
@@ -157,6 +170,8 @@ def render_markdown(a: Analysis) -> str:
         out += [f"**Why it matters.** {info['why']}", ""]
     if info.get("next_steps"):
         out += ["**Next steps.**", ""] + [f"1. {s}" for s in info["next_steps"]] + [""]
+    if a.stall:
+        out += ["## Where progress stopped", "", "```text", *describe_stall(a.stall), "```", ""]
     if a.consequences:
         out += ["## Consequences", "", "| line | rule | text |", "|---|---|---|"]
         for c in a.consequences[:50]:

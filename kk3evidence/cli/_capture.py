@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from kk3evidence.capture.attach import AttachOptions, run_attach
+from kk3evidence.capture.progress import ProgressLine
 from kk3evidence.capture.run import CaptureOptions, main_passthrough_sinks, run_capture
+from kk3evidence.capture.watchdog import (
+    DEFAULT_STAGE_BUDGETS,
+    DEFAULT_STALL_AFTER,
+    StallPolicy,
+    parse_stall_after,
+)
 from kk3evidence.errors import UsageError
 
 from ._common import handle_errors
@@ -35,8 +43,24 @@ With --attach the exit status is 0 (no failure in the log) or 3 (a failure was f
 """
 
 
+#: the HTTP readiness poll without a limit (it still ends when CMD exits)
+NO_LIMIT = 10.0 * 365 * 86400
+
+
 def _say(message: str) -> None:
     click.echo(f"kk3evidence: {message}", err=True)
+
+
+def _say_over(line: ProgressLine | None) -> Callable[[str], None]:
+    """capture's messages, erasing the progress line first."""
+    if line is None:
+        return _say
+
+    def say(message: str) -> None:
+        line.clear()
+        _say(message)
+
+    return say
 
 
 @click.command(
@@ -82,11 +106,27 @@ def _say(message: str) -> None:
 @click.option(
     "--ready-timeout",
     type=click.FloatRange(min=0),
-    default=3600.0,
-    show_default=True,
+    default=None,
     metavar="SECONDS",
-    help="Give up waiting for /health and /v1/models after this.",
+    help="Stop a server not ready (/health, /v1/models) after this, with a stall snapshot "
+    "first (default: wait as long as it runs).",
 )
+@click.option(
+    "--stall-after",
+    "stall_after",
+    multiple=True,
+    metavar="[STAGE=]SECONDS",
+    help="Snapshot the process tree after this long without output or stage change "
+    "(repeatable; per stage e.g. engine_init=1800; 0 = off). Default 600, engine_init=1800.",
+)
+@click.option(
+    "--stall-action",
+    type=click.Choice(["record", "stop"]),
+    default="record",
+    show_default=True,
+    help="After a stall snapshot: keep waiting (record) or stop CMD (SIGINT, SIGTERM, SIGKILL).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No live progress line on stderr.")
 @click.option(
     "--request",
     "request_file",
@@ -196,7 +236,10 @@ def command(
     image_id: str | None,
     probe_http: bool | None,
     url: str | None,
-    ready_timeout: float,
+    ready_timeout: float | None,
+    stall_after: tuple[str, ...],
+    stall_action: str,
+    quiet: bool,
     request_file: Path | None,
     request_path: str | None,
     repeat: int,
@@ -228,6 +271,16 @@ def command(
         raise UsageError("capture: --attach PID takes no CMD (the server is already running)")
     if attach_log is not None and attach_pid is None:
         raise UsageError("capture: --log is for --attach; a started CMD's output is captured")
+    default, per_stage = parse_stall_after(stall_after)
+    budgets = dict(DEFAULT_STAGE_BUDGETS) if default is None else {}
+    budgets.update(per_stage)
+    policy = StallPolicy(
+        stall_after=DEFAULT_STALL_AFTER if default is None else default,
+        per_stage=budgets,
+        action=stall_action,
+        ready_timeout=ready_timeout,
+        grace=grace,
+    )
     opts = CaptureOptions(
         argv=cmd,
         output=output,
@@ -239,7 +292,8 @@ def command(
         image_id=image_id,
         probe=probe_http,
         url=url,
-        ready_timeout=ready_timeout,
+        ready_timeout=NO_LIMIT if ready_timeout is None else ready_timeout,
+        stall=policy,
         request_file=request_file,
         request_path=request_path,
         repeat=repeat,
@@ -260,7 +314,12 @@ def command(
         )
     else:
         out, err = main_passthrough_sinks()
-        result = run_capture(opts, out=out, err=err, say=_say)
+        line = None if quiet else ProgressLine()
+        if line is not None:
+            out, err = line.wrap(out), line.wrap(err)
+        result = run_capture(
+            opts, out=out, err=err, say=_say_over(line), progress=line.show if line else None
+        )
     for problem in result.problems:
         _say(f"warning: {problem}")
     where = f"bundle {result.bundle}" if result.bundle else f"staging folder {result.staging}"

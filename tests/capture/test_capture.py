@@ -317,7 +317,8 @@ def test_killed_capture_keeps_an_unfinished_last_line(tmp_path: Path, spawn: Spa
     )
     _read_until(proc, b"no newline yet")
     tail = staging / "logs" / "combined.log.partial-0"
-    while not tail.exists():
+    # print() writes 'first' and its newline separately: an earlier tail may hold just 'first'.
+    while not (tail.exists() and b"no newline yet" in _read_or_empty(tail)):
         os.sched_yield()
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
@@ -457,6 +458,13 @@ def test_existing_staging_folder_is_refused_with_a_hint(tmp_path: Path) -> None:
     ran = run_capture(tmp_path / "run.tar", [PY, "-c", "pass"], ["--staging", str(staging)])
     assert ran.returncode == 2
     assert "seal" in own_lines(ran.stderr)[0]
+
+
+def _read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # replaced between the two looks
+        return b""
 
 
 def _read_until(proc: subprocess.Popen[bytes], marker: bytes, stream: str = "stdout") -> bytes:

@@ -195,6 +195,13 @@ _CATALOG: dict[str, tuple[str, str]] = {
     "tl_status": ("Status", "상태"),
     "tl_lines": ("Log lines", "로그 줄"),
     "tl_time": ("Time from launch", "시작 후 시간"),
+    "tl_duration": ("Time in stage", "단계 소요 시간"),
+    "fail_stall": (
+        "No line states a failure: the start-up stopped moving (a hang). Where and since when, "
+        "which ranks reached which milestone, and what each process was waiting in:",
+        "실패를 알리는 줄이 없습니다. 시작이 멈췄습니다(hang). 멈춘 위치와 시각, 랭크별 도달 "
+        "단계, 각 프로세스가 기다리던 곳:",
+    ),
     "tl_none": ("No stage was recognised in the log.", "로그에서 인식된 단계가 없습니다."),
     "tl_ready": ("API ready", "API 준비"),
     "tl_first_failure": ("first failure", "첫 실패"),

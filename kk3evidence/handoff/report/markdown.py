@@ -410,6 +410,12 @@ def _failure(ev: Evidence, lang: Lang) -> list[Block]:
                                  + f": `{_truncate(str(c.get('text')), 160)}`"
                                  for c in cons[:3])))
         out.append(Para(text(lang, "fail_note")))
+    stall = (ev.analysis or {}).get("stall")
+    if isinstance(stall, dict):
+        # A hang: where progress stopped, the rank matrix and what each process waited in.
+        from kk3evidence.analysis.hang import describe_stall
+
+        out += [Para(text(lang, "fail_stall")), Code("\n".join(describe_stall(stall)), "text")]
     return out
 
 
@@ -446,7 +452,11 @@ def timeline(ev: Evidence, lang: Lang) -> Timeline | None:
     spans = []
     for s in stages:
         first, last = int(s.get("first_line") or 0), int(s.get("last_line") or 0)
-        spans.append((str(s.get("stage")), str(s.get("status")), at(first), at(max(first, last))))
+        start, end = at(first), at(max(first, last))
+        took = s.get("seconds")
+        if unit == "s" and isinstance(took, int | float):
+            end = max(end, start + float(took))  # time in the stage, until the next one began
+        spans.append((str(s.get("stage")), str(s.get("status")), start, end))
     ff = ev.first_failure
     failure_at = at(int(ff["line_no"])) if ff and ff.get("line_no") else None
     ready = ev.launch.ready_seconds
@@ -465,10 +475,13 @@ def _timeline(ev: Evidence, lang: Lang) -> list[Block]:
         s: Mapping[str, Any] = next((x for x in (ev.analysis or {}).get("stages") or []
                                      if x.get("stage") == stage), {})
         when = f"{start:.1f}–{end:.1f} s" if tl.unit == "s" else "-"
+        took = s.get("seconds")
+        dur = f"{float(took):.1f} s" if isinstance(took, int | float) else "-"
         rows.append((stage_name(lang, stage), status_name(lang, status),
-                     f"{s.get('first_line')}–{s.get('last_line')}", when))
+                     f"{s.get('first_line')}–{s.get('last_line')}", when, dur))
     return [tl, Table((text(lang, "tl_stage"), text(lang, "tl_status"), text(lang, "tl_lines"),
-                       text(lang, "tl_time")), tuple(rows), status_col=1)]
+                       text(lang, "tl_time"), text(lang, "tl_duration")), tuple(rows),
+                      status_col=1)]
 
 
 def _verdict_text(d: DiffResult, lang: Lang) -> str:

@@ -1,0 +1,579 @@
+"""``hang`` as an answer: where a start-up stopped moving, when no line states a failure.
+
+SPEC §2: a run that never became ready and whose log states no failure has not succeeded; the
+analysis reports where progress stopped. :class:`HangScan` is fed the same blocks as the engine
+and keeps what the verdict needs in bounded memory: the last lines, which ranks of
+``world_size=N`` reached which milestone (from the log alone), and the largest gaps between
+line timestamps. :func:`apply_hang` then turns a "no failure" analysis of an unfinished start-up
+into ``first_failure.basis = "stall"``, category ``hang``, and fills ``Analysis.stall``; with the
+bundle's stall snapshots (``stalls/…``) it adds what each process was waiting in.
+
+Pure: no I/O. The bundle members are read by :mod:`.engine` and handed in as parsed JSON.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from kk3evidence.analysis.grammar import parse_line
+from kk3evidence.analysis.progress import MilestoneWatcher
+from kk3evidence.model import Analysis, Finding, StageSpan
+
+__all__ = [
+    "STALL_RULE",
+    "HangScan",
+    "StallInputs",
+    "apply_hang",
+    "describe_stall",
+    "receive_times",
+    "stage_durations",
+    "waiting_in",
+]
+
+#: the rule id a stall verdict carries (no rule file line matched: the verdict is the engine's)
+STALL_RULE = "STALL001"
+_KEEP_LINES = 64
+_MAX_GAPS = 3
+_FULL_LINES = 4000
+_WORLD_RE = re.compile(rb"world_size=(\d{1,6}) rank=(\d{1,6})")
+_TS_RE = re.compile(r"^(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})$")
+# Lines that only say the run is being stopped: never "the last progress line".
+_STOP_MARKERS = (
+    "signal=SIG",
+    "received signal",
+    "KeyboardInterrupt",
+    "Terminated",
+    "Shutting down",
+    "shutting down",
+    "Aborted!",
+)
+
+# What a process is waiting in, from its Python (or native) frames, innermost first. The first
+# entry whose marker occurs in a frame's function or file names it; order = specificity.
+_WAITS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("ncclCommInitRank", "comm_group", ("ncclCommInitRank", "ncclCommInit", "_get_nccl_comm")),
+    ("gloo connectFullMesh", "comm_group", ("connectFullMesh", "ProcessGroupGloo", "_new_pg_gloo")),
+    ("TCPStore", "comm_group", ("TCPStore", "_create_c10d_store", "store.wait", "_store_based")),
+    ("rendezvous", "comm_group", ("rendezvous", "_env_rendezvous_handler", "_tcp_rendezvous")),
+    (
+        "init_process_group",
+        "comm_group",
+        ("init_process_group", "new_group", "_new_process_group_helper", "init_distributed"),
+    ),
+    (
+        "compile",
+        "engine_init",
+        ("torch/_dynamo", "torch/_inductor", "compile_fx", "triton", "cudagraph", "capture_model"),
+    ),
+    ("weights", "weights_access", ("load_weights", "safetensors", "snapshot_download", "hf_hub")),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StallInputs:
+    """What a bundle (or a capture in progress) adds to the log: how the run ended, the stall
+    snapshots (``stalls/*.json``, parsed), and a reader of per-line receive times."""
+
+    launch: Mapping[str, Any] | None = None
+    snapshots: tuple[Mapping[str, Any], ...] = ()
+    #: ``lines.tsv`` blocks (a fresh iterator per call), or None
+    lines_tsv: Callable[[], Iterable[bytes]] | None = None
+
+
+def receive_times(blocks: Iterable[bytes], wanted: Iterable[int]) -> dict[int, float]:
+    """``{line_no: receive time (epoch seconds)}`` for the wanted lines, from ``lines.tsv``
+    blocks (header, then one ``offset\tstream\twall_ns\tmono_ns`` row per log line)."""
+    want = sorted({w for w in wanted if w >= 1})
+    out: dict[int, float] = {}
+    if not want:
+        return out
+    row = -1  # the header is row 0 of the file, log line n is row n
+    pending = b""
+    k = 0
+    for data in blocks:
+        buf = pending + data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            pending = buf
+            continue
+        block, pending = buf[: cut + 1], buf[cut + 1 :]
+        n = block.count(b"\n")
+        if k < len(want) and want[k] <= row + n:
+            rows = block.split(b"\n")
+            while k < len(want) and want[k] <= row + n:
+                fields = rows[want[k] - row - 1].split(b"\t")
+                if len(fields) >= 3 and fields[2].isdigit():
+                    out[want[k]] = int(fields[2]) / 1e9
+                k += 1
+        row += n
+        if k >= len(want):
+            break
+    return out
+
+
+def stage_durations(
+    analysis: Analysis, times: Mapping[int, float], end: float | None
+) -> tuple[StageSpan, ...]:
+    """Each stage span with when it started (seconds after the first line) and how long it
+    lasted: until the next stage (time order) started, or until ``end`` / the last line."""
+    if 1 not in times:
+        return analysis.stages
+    t0 = times[1]
+    last = times.get(analysis.lines_total)
+    stop = end if end is not None else last
+    starts = sorted(
+        (times[s.first_line], s.stage) for s in analysis.stages if s.first_line in times
+    )
+    out: list[StageSpan] = []
+    for s in analysis.stages:
+        t = times.get(s.first_line)
+        if t is None:
+            out.append(s)
+            continue
+        later = [x for x, _st in starts if x > t]
+        until = min(later) if later else stop
+        secs = None if until is None else round(max(0.0, until - t), 3)
+        out.append(replace(s, started_s=round(t - t0, 3), seconds=secs))
+    return tuple(out)
+
+
+@dataclass(slots=True)
+class _Rank:
+    first_line: int
+    process: str | None
+    milestones: dict[str, int]  # stage -> first line attributed to this rank
+
+
+class HangScan:
+    """Fed blocks of the log (whole lines or not); bounded memory."""
+
+    def __init__(self) -> None:
+        # Every rank's copy of a milestone counts for the matrix (a start-up has a few hundred).
+        self._watch = MilestoneWatcher(full_lines=_FULL_LINES)
+        self._pending = b""
+        self.lines = 0
+        self.tail: collections.deque[tuple[int, str, str | None]] = collections.deque(
+            maxlen=_KEEP_LINES
+        )
+        self.world_size: int | None = None
+        self.ranks: dict[int, _Rank] = {}
+        self._proc_rank: dict[str, int] = {}
+        self._last_ts: tuple[int, datetime] | None = None
+        self.gaps: list[tuple[float, int, int]] = []  # (seconds, after_line, at_line)
+
+    @property
+    def stage(self) -> str | None:
+        """The stage of the latest milestone line (time order)."""
+        return self._watch.stage
+
+    @property
+    def ready(self) -> bool:
+        """A ready line was seen: the scan stopped (no stall verdict can follow)."""
+        return self._watch.ready
+
+    def feed(self, data: bytes) -> None:
+        if self._watch.ready:
+            return  # a long serving log costs nothing more
+        buf = self._pending + data if self._pending else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            self._pending = buf[-65536:]
+            return
+        self._pending = buf[cut + 1 :][-65536:]
+        self._block(buf[: cut + 1])
+
+    def finish(self) -> None:
+        if self._pending:
+            self._block(self._pending + b"\n")
+            self._pending = b""
+
+    def _block(self, block: bytes) -> None:
+        base = self.lines
+        # Ranks first (a rank's milestones in the same block must find it).
+        for wm in _WORLD_RE.finditer(block):
+            s = block.rfind(b"\n", 0, wm.start()) + 1
+            line = parse_line(base + block.count(b"\n", 0, s) + 1, block[s : block.find(b"\n", s)])
+            ws, rank = int(wm.group(1)), int(wm.group(2))
+            self.world_size = max(self.world_size or 0, ws)
+            r = self.ranks.setdefault(rank, _Rank(line.line_no, line.process, {}))
+            r.milestones.setdefault("comm_group", line.line_no)
+            if line.process:
+                self._proc_rank[line.process] = rank
+        for m in self._watch.feed(block, 0.0):
+            who = m.rank if m.rank is not None else self._proc_rank.get(m.process or "")
+            if who is not None and who in self.ranks and m.marks != "shutdown":
+                self.ranks[who].milestones.setdefault(m.stage, m.line_no)
+        self.lines += block.count(b"\n")
+        self._tail_and_gaps(block, base)
+
+    def _tail_and_gaps(self, block: bytes, base: int) -> None:
+        # Only the block's last lines matter for the tail; timestamps are looked at on lines
+        # that carry one at the usual place (cheap: a vLLM prefix "(X pid=N) LEVEL MM-DD ...").
+        end = len(block)
+        no = base + block.count(b"\n")
+        kept: list[tuple[int, str, str | None]] = []
+        while end > 0 and len(kept) < _KEEP_LINES:
+            s = block.rfind(b"\n", 0, end - 1) + 1
+            raw = block[s : end - 1]
+            if raw.strip():
+                line = parse_line(no, raw)
+                kept.append((no, line.text[:2000], line.process))
+            no -= 1
+            end = s
+        for item in reversed(kept):
+            self.tail.append(item)
+        self._timestamps(block, base)
+
+    def _timestamps(self, block: bytes, base: int) -> None:
+        # At most ~500 lines per block are looked at (a flood is sampled: its gaps are small),
+        # so the cost never grows with the number of lines.
+        n = len(block)
+        step = max(1, n // 500)
+        pos, no = 0, base
+        while pos < n:
+            e = block.find(b"\n", pos)
+            if e < 0:
+                break
+            no += 1
+            self._stamp(no, block[pos : min(e, pos + 200)])
+            nxt = e + 1
+            if step > 1 and nxt + step < n:
+                jump = block.rfind(b"\n", nxt, nxt + step)
+                if jump >= nxt:
+                    no += block.count(b"\n", nxt, jump + 1)
+                    nxt = jump + 1
+            pos = nxt
+
+    def _stamp(self, no: int, head: bytes) -> None:
+        if b":" not in head:
+            return
+        line = parse_line(no, head)
+        m = _TS_RE.match(line.timestamp or "")
+        if m is None:
+            return
+        mo, d, hh, mm, ss = (int(x) for x in m.groups())
+        try:
+            when = datetime(2000, mo, d, hh, mm, ss)
+        except ValueError:
+            return
+        if self._last_ts is not None:
+            gap = (when - self._last_ts[1]).total_seconds()
+            if gap > 0:
+                self.gaps.append((gap, self._last_ts[0], no))
+                self.gaps.sort(reverse=True)
+                del self.gaps[_MAX_GAPS:]
+        self._last_ts = (no, when)
+
+
+def waiting_in(frames: Sequence[Mapping[str, Any]]) -> tuple[str, str, str] | None:
+    """``(what, stage, frame)`` for a thread's frames (innermost first), or ``None``."""
+    for what, stage, markers in _WAITS:
+        for f in frames:
+            where = f"{f.get('function') or ''} {f.get('file') or ''}"
+            if any(mk in where for mk in markers):
+                return what, stage, f"{f.get('function')} ({f.get('file')}:{f.get('line')})"
+    return None
+
+
+def _snapshot_processes(snapshots: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per process of the latest snapshot: what it waits in, with the evidence."""
+    if not snapshots:
+        return []
+    last = snapshots[-1]
+    unchanged = set((last.get("unchanged") or {}).get("pids_same_stacks") or [])
+    out: list[dict[str, Any]] = []
+    for p in last.get("processes") or []:
+        found: tuple[str, str, str] | None = None
+        thread = None
+        for t in p.get("stacks") or []:
+            found = waiting_in(t.get("frames") or [])
+            if found is not None:
+                thread = t.get("name")
+                break
+        socks = [
+            f"{s.get('local')}->{s.get('remote')} {s.get('state')}"
+            for s in p.get("sockets") or []
+            if s.get("state") in ("LISTEN", "ESTABLISHED", "SYN_SENT")
+        ]
+        out.append(
+            {
+                "pid": p.get("pid"),
+                "name": p.get("name"),
+                "waiting_in": found[0] if found else None,
+                "stage": found[1] if found else None,
+                "frame": found[2] if found else None,
+                "thread": thread,
+                "wchan": p.get("wchan"),
+                "stacks": p.get("stacks_source"),
+                "stacks_same_in_second_snapshot": p.get("pid") in unchanged,
+                "sockets": socks[:12],
+            }
+        )
+    return out
+
+
+def _matrix(scan: HangScan) -> tuple[list[dict[str, Any]], list[int]]:
+    ranks = [
+        {
+            "rank": k,
+            "process": r.process,
+            "first_line": r.first_line,
+            "milestones": dict(sorted(r.milestones.items(), key=lambda kv: kv[1])),
+        }
+        for k, r in sorted(scan.ranks.items())
+    ]
+    missing = sorted(set(range(scan.world_size)) - set(scan.ranks)) if scan.world_size else []
+    return ranks, missing
+
+
+def _last_progress(scan: HangScan, shutdown_line: int | None) -> tuple[int, str, str | None]:
+    for no, text, proc in reversed(scan.tail):
+        if shutdown_line is not None and no >= shutdown_line:
+            continue
+        if any(mk in text for mk in _STOP_MARKERS):
+            continue
+        return no, text, proc
+    if scan.tail:
+        return scan.tail[-1]
+    return 1, "", None
+
+
+def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = None) -> Analysis:
+    """The analysis with per-stage durations (when receive times are known) and the stall
+    verdict (SPEC §2/§4) where it applies.
+
+    A verdict when: no failure was found, the server never became ready, the command did not
+    exit 0, and there is start-up evidence (a stage seen) or a stall snapshot. A first failure
+    of category ``hang`` (a timeout rule) gets the same ``stall`` details.
+    """
+    scan.finish()
+    inputs = inputs or StallInputs()
+    times: dict[int, float] = {}
+    if inputs.lines_tsv is not None:
+        wanted = {1, analysis.lines_total} | {s.first_line for s in analysis.stages}
+        wanted |= {n for n, _t, _p in scan.tail}
+        times = receive_times(inputs.lines_tsv(), wanted)
+        ended = _ended(inputs.launch)
+        analysis = replace(analysis, stages=stage_durations(analysis, times, ended))
+    if not _stalled(analysis, inputs):
+        return analysis
+    last = _last_progress(scan, _progress_limit(analysis, inputs, times))
+    ff = analysis.first_failure
+    if scan.ready and ff is not None:
+        last = (ff.line_no, ff.text, ff.process)  # a timeout after ready: the scan had stopped
+    stall = _stall_record(analysis, scan, inputs, times, last)
+    if analysis.first_failure is not None:
+        return replace(analysis, stall=stall)
+    return _with_verdict(analysis, stall, last)
+
+
+def _stalled(analysis: Analysis, inputs: StallInputs) -> bool:
+    ff = analysis.first_failure
+    if ff is not None:
+        return ff.category == "hang"
+    launch, snapshots = inputs.launch, inputs.snapshots
+    ready = "ready_line" in analysis.extra or analysis.last_stage_reached in (
+        "api_ready",
+        "serving",
+    )
+    exited_ok = launch is not None and launch.get("exit_code") == 0
+    # From a log alone (a slice, maybe) a start-up without ready line may simply go on: only a
+    # stop requested before ready is evidence. A bundle knows how the run ended.
+    stopped = launch is not None or "shutdown_requested_line" in analysis.extra
+    started = analysis.last_stage_reached is not None or bool(snapshots)
+    return not (ready or exited_ok or not started or not (stopped or snapshots))
+
+
+def _stall_record(
+    analysis: Analysis,
+    scan: HangScan,
+    inputs: StallInputs,
+    times: Mapping[int, float],
+    last: tuple[int, str, str | None],
+) -> dict[str, Any]:
+    no, text, proc = last
+    ff, launch, snapshots = analysis.first_failure, inputs.launch, inputs.snapshots
+    ranks, missing = _matrix(scan)
+    procs = _snapshot_processes(snapshots)
+    waits = [p for p in procs if p["waiting_in"]]
+    stage = scan.stage or analysis.last_stage_reached or "container_init"
+    if ff is not None:
+        stage = ff.stage
+    elif waits and waits[0]["stage"]:
+        stage = waits[0]["stage"]
+    stall: dict[str, Any] = {
+        "stage": stage,
+        "since_line": no,
+        "last_progress_line": text,
+        "process": proc,
+        "since": None,
+        "world_size": scan.world_size,
+        "ranks": ranks,
+        "missing_ranks": missing,
+        "gaps": [{"after_line": a, "line": b, "seconds": round(g, 3)} for g, a, b in scan.gaps],
+        "processes": procs,
+        "snapshots": [str(s.get("member")) for s in snapshots if s.get("member")],
+        "summary": _summary(stage, text, scan.world_size, missing, waits),
+        "next_steps": _next_steps(stage, missing, waits),
+    }
+    if no in times:
+        stall["since"] = datetime.fromtimestamp(times[no], UTC).isoformat()
+        end = _ended(launch) or times.get(analysis.lines_total)
+        if end is not None:
+            stall["silent_s"] = round(max(0.0, end - times[no]), 3)
+    if launch is not None:
+        stall["stopped_by"] = (launch.get("stop") or {}).get("reason")
+    return stall
+
+
+def _with_verdict(
+    analysis: Analysis, stall: dict[str, Any], last: tuple[int, str, str | None]
+) -> Analysis:
+    """``first_failure`` = the stall (basis ``stall``, category ``hang``) at the last progress."""
+    no, text, proc = last
+    stage = str(stall["stage"])
+    finding = Finding(
+        line_no=no,
+        rule=STALL_RULE,
+        stage=stage,
+        category="hang",
+        kind="failure",
+        text=text,
+        process=proc,
+        severity="fatal",
+        basis="stall",
+    )
+    # The stall line may be a classified warning: the verdict takes its place.
+    kept = [f for f in analysis.findings if f.line_no != no]
+    findings = tuple(sorted((*kept, finding), key=lambda f: f.line_no))
+    extra = dict(analysis.extra)
+    extra["first_failure_rule"] = {
+        "name": "start-up-stopped-moving",
+        "summary": stall["summary"],
+        "why": "The run never became ready and no line states a failure: progress stopped.",
+        "next_steps": list(stall["next_steps"]),
+        "severity": "fatal",
+    }
+    return replace(
+        analysis,
+        first_failure=finding,
+        findings=findings,
+        stages=_with_failed(analysis.stages, stage, no),
+        extra=extra,
+        stall=stall,
+        last_stage_reached=analysis.last_stage_reached or stage,
+    )
+
+
+def _with_failed(spans: tuple[StageSpan, ...], stage: str, line_no: int) -> tuple[StageSpan, ...]:
+    """The stage where progress stopped is the failed one (SPEC §4 ``stages``)."""
+    if any(s.stage == stage for s in spans):
+        return tuple(replace(s, status="failed") if s.stage == stage else s for s in spans)
+    return (*spans, StageSpan(stage, "failed", line_no, line_no))
+
+
+def _progress_limit(
+    analysis: Analysis, inputs: StallInputs, times: Mapping[int, float]
+) -> int | None:
+    """The first line that cannot be the last progress: the requested shutdown, the lines
+    after the first stall snapshot, or those received after capture began to stop the run."""
+    limits: list[int] = []
+    shutdown = analysis.extra.get("shutdown_requested_line")
+    if isinstance(shutdown, int):
+        limits.append(shutdown)
+    for s in inputs.snapshots[:1]:
+        n = (s.get("context") or {}).get("log_lines")
+        if isinstance(n, int) and n > 0:
+            limits.append(n + 1)
+    began = _iso((inputs.launch or {}).get("stop", {}) and (inputs.launch or {})["stop"].get("at"))
+    if began is not None:
+        after = [n for n, t in times.items() if t >= began and n > 1]
+        if after:
+            limits.append(min(after))
+    return min(limits) if limits else None
+
+
+def _iso(text: object) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _ended(launch: Mapping[str, Any] | None) -> float | None:
+    return _iso((launch or {}).get("ended_at"))
+
+
+def _summary(
+    stage: str, text: str, world: int | None, missing: list[int], waits: list[dict[str, Any]]
+) -> str:
+    parts = [f"progress stopped in {stage} after: {text[:200]}"]
+    if missing:
+        parts.append(
+            f"ranks {', '.join(map(str, missing))} of world_size={world} never appeared in "
+            "this log (another node that never started or never joined?)"
+        )
+    if waits:
+        w = waits[0]
+        parts.append(f"pid {w['pid']} was waiting in {w['waiting_in']} ({w['frame']})")
+    return "; ".join(parts)
+
+
+def _next_steps(stage: str, missing: list[int], waits: list[dict[str, Any]]) -> list[str]:
+    steps: list[str] = []
+    if missing:
+        steps.append(
+            "Start (or look at) the node(s) holding the missing ranks: every node must run the "
+            "same command with its own --node-rank, and reach --master-addr:--master-port."
+        )
+    if stage == "comm_group" or any(w["stage"] == "comm_group" for w in waits):
+        steps.append(
+            "Rerun with NCCL_DEBUG=INFO (TORCH_DISTRIBUTED_DEBUG=DETAIL for Gloo) and check "
+            "that the master address/port is reachable from every node (nc -zv ADDR PORT)."
+        )
+    steps.append("See docs/hangs.md: the rank matrix, the stall snapshot's stacks and sockets.")
+    return steps
+
+
+def describe_stall(stall: Mapping[str, Any]) -> list[str]:
+    """Plain lines about a stall (for the analyze text and the report): where and since when,
+    the rank × milestone matrix, what each process waited in, the largest gaps."""
+    out = [f"Progress stopped in {stall.get('stage')} after line {stall.get('since_line')}"]
+    if stall.get("since"):
+        silent = stall.get("silent_s")
+        tail = f", silent for {silent:.0f} s" if isinstance(silent, int | float) else ""
+        out[0] += f" (received {stall['since']}{tail})"
+    if stall.get("stopped_by"):
+        out[0] += f"; capture stopped it ({stall['stopped_by']})"
+    world = stall.get("world_size")
+    if world:
+        out.append(f"Ranks (world_size={world}) × milestones, from the log:")
+        for r in stall.get("ranks") or []:
+            ms = ", ".join(f"{k}@{v}" for k, v in (r.get("milestones") or {}).items())
+            out.append(f"  rank {r.get('rank')}: {ms or '-'} ({r.get('process') or 'unprefixed'})")
+        for m in stall.get("missing_ranks") or []:
+            out.append(f"  rank {m}: never appeared in this log")
+    for p in stall.get("processes") or []:
+        what = p.get("waiting_in") or "no known wait in its stacks"
+        where = f" in {p.get('frame')}" if p.get("frame") else ""
+        same = (
+            "; stacks unchanged in the second snapshot"
+            if p.get("stacks_same_in_second_snapshot")
+            else ""
+        )
+        socks = f"; sockets {', '.join(p.get('sockets')[:3])}" if p.get("sockets") else ""
+        out.append(f"  pid {p.get('pid')} {p.get('name')}: {what}{where}{same}{socks}")
+    gaps = stall.get("gaps") or []
+    if gaps:
+        out.append(
+            "Largest gaps between log timestamps: "
+            + ", ".join(f"{g['seconds']:.0f} s before line {g['line']}" for g in gaps)
+        )
+    return out

@@ -1,0 +1,149 @@
+"""Live milestones: which stage a log being written has reached, fed as it grows.
+
+Capture's progress line and stall watchdog ask "where is the start-up now, and when did it last
+move?" while the log is still being written. This answers it with the shipped milestone rules
+(``rules/milestones.toml`` and every other ``kind = "milestone"`` rule), found with the same
+literal pre-filter as the full analysis, so markers live in one place. Pure: no I/O, no clock;
+the caller passes the time with each block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kk3evidence.analysis.classify import Classifier
+from kk3evidence.analysis.grammar import parse_line
+from kk3evidence.analysis.prefilter import Prefilter
+from kk3evidence.analysis.rules import Rule, RuleSet, load_rules
+
+__all__ = ["Milestone", "MilestoneWatcher"]
+
+_MAX_TEXT = 300  # characters of a milestone line kept for the progress line
+_MAX_HITS = 64  # candidate lines looked at per fed block, at most
+
+
+@dataclass(frozen=True, slots=True)
+class Milestone:
+    """A milestone line seen at ``at`` (the caller's clock, seconds)."""
+
+    stage: str
+    rule: str
+    text: str
+    line_no: int
+    at: float
+    marks: str | None = None
+    process: str | None = None
+    rank: int | None = None
+    body: str = ""  # the line without its process/level/time prefix
+
+
+class MilestoneWatcher:
+    """Feed log bytes as they arrive (any chunking); read :attr:`stage` and :attr:`last`."""
+
+    def __init__(self, ruleset: RuleSet | None = None, *, full_lines: int = 0) -> None:
+        """``full_lines``: how many milestone lines in all are classified one by one (every
+        rank's copy counts, for the rank matrix); beyond it, and by default, only the first
+        and last line per milestone marker and block, which is enough to follow the stage."""
+        rs = ruleset if ruleset is not None else load_rules()
+        self._full_left = full_lines
+        rules = [r for r in rs.rules if r.kind == "milestone" and r.stage]
+        anchors: dict[str, list[Rule]] = {}
+        for r in rules:
+            for a in r.anchors:
+                anchors.setdefault(a, []).append(r)
+        self._anchors = tuple(anchors)
+        self._rules = tuple(tuple(v) for v in anchors.values())
+        self._prefilter = Prefilter(self._anchors, [False] * len(self._anchors))
+        self._classifier = Classifier(rs)
+        self._pending = b""
+        self.lines = 0
+        #: the stage of the latest milestone (a requested shutdown is not a stage)
+        self.stage: str | None = None
+        self.stage_since: float | None = None
+        self.last: Milestone | None = None
+        self.ready = False
+        #: every stage seen, with the time its first milestone arrived
+        self.first_seen: dict[str, float] = {}
+
+    def feed(self, data: bytes, at: float) -> list[Milestone]:
+        """Consume ``data``; returns the milestones among its complete lines."""
+        buf = self._pending + data if self._pending else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            self._pending = buf[-65536:]
+            return []
+        self._pending = buf[cut + 1 :][-65536:]
+        return self._block(buf[: cut + 1], at)
+
+    def _ends(self, block: bytes) -> list[int]:
+        hits = self._prefilter.scan(block)
+        if len(hits) <= self._full_left:
+            self._full_left -= len(hits)
+            return sorted({end for end, _aid in hits})
+        self._full_left = 0
+        # Per marker only its first and last line in the block matter for "where is it now"
+        # (a flood of access-log lines is one marker): the cost per block stays bounded.
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for end, aid in hits:
+            first.setdefault(aid, end)
+            last[aid] = end
+        ends = sorted(set(first.values()) | set(last.values()))
+        if len(ends) > _MAX_HITS:
+            ends = ends[: _MAX_HITS // 4] + ends[-(_MAX_HITS - _MAX_HITS // 4) :]
+        return ends
+
+    def _block(self, block: bytes, at: float) -> list[Milestone]:
+        line_no = self.lines
+        self.lines += block.count(b"\n")
+        found: list[Milestone] = []
+        done_to = -1
+        pos = 0
+        for end in self._ends(block):
+            if end <= done_to:
+                continue
+            s = block.rfind(b"\n", 0, end) + 1
+            e = block.find(b"\n", end - 1)
+            done_to = e
+            line_no += block.count(b"\n", pos, s) + 1  # counted from the previous line on
+            pos = e + 1
+            m = self._line(block[s:e], line_no, at)
+            if m is not None:
+                found.append(m)
+        return found
+
+    def _line(self, raw: bytes, line_no: int, at: float) -> Milestone | None:
+        line = parse_line(line_no, raw)
+        ids = [i for i, a in enumerate(self._anchors) if a in line.text]
+        if not ids:
+            return None
+        rule_ids = {r.id for i in ids for r in self._rules[i]}
+        hit = self._classifier.classify(line, self._all_ids(line.text))
+        if hit is None or hit.rule.id not in rule_ids or hit.rule.stage is None:
+            return None
+        r = hit.rule
+        m = Milestone(
+            r.stage or "",
+            r.id,
+            line.text[:_MAX_TEXT],
+            line_no,
+            at,
+            r.marks,
+            line.process,
+            line.rank,
+            line.body[:_MAX_TEXT],
+        )
+        if r.marks == "shutdown":
+            return m
+        if r.marks == "ready":
+            self.ready = True
+        self.first_seen.setdefault(m.stage, at)
+        if m.stage != self.stage:
+            self.stage, self.stage_since = m.stage, at
+        self.last = m
+        return m
+
+    def _all_ids(self, text: str) -> list[int]:
+        # Every rule anchor of the line, so a failure or noise rule still wins over a milestone
+        # exactly as in the full analysis.
+        return self._classifier.anchor_ids(text)
