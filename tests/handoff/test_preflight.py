@@ -50,7 +50,7 @@ def facts(config: dict[str, Any] | None = None, *, weights: int = 16 * GiB,
         gpus=gpus or GpuFacts("nvml", None, "580.65.06", "13.0", tuple(h200(i) for i in range(8))),
         port=PortFacts("0.0.0.0", 8000, True, "bind succeeded"), numa_nodes=(0, 1),
         mem_available_bytes=500 * GiB, shm_bytes=64 * GiB, nofile=(1 << 20, 1 << 20),
-        cache_dir="/root/.cache/vllm", cache_free_bytes=500 * GiB)
+        cache_dir="/home/user/.cache/vllm", cache_free_bytes=500 * GiB)
     return dataclasses.replace(base, **kw)
 
 
