@@ -129,8 +129,15 @@ def test_a_second_sigterm_to_capture_kills_a_command_that_ignores_the_first(
 
 
 def test_escalate_stops_at_the_first_signal_that_works() -> None:
-    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], process_group=0)
+    # The child takes SIGINT's default action itself (a shell's background job inherits SIGINT
+    # ignored, as CI may run us) and says so before it is signalled.
+    child = (
+        "import signal, sys, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([PY, "-c", child], process_group=0, stdout=subprocess.PIPE)
     try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         rec = StopRecord("test")
 
         def gone(timeout: float) -> bool:
@@ -145,6 +152,8 @@ def test_escalate_stops_at_the_first_signal_that_works() -> None:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
     assert [s["signal"] for s in rec.sent] == ["SIGINT"] and rec.ended_by == "SIGINT"
 
 
