@@ -1437,7 +1437,7 @@ class BundleWriter:
         else:
             red = list(self._redactions)
         if _sealed:
-            red = _merge_found_placeholders(red, self.staging_dir, members)
+            red = _merge_found_placeholders(red, self.staging_dir, members, self._overlay)
         manifest = {
             "schema": BUNDLE_SCHEMA,
             "self_sha256": _ZERO_SHA,
@@ -1628,8 +1628,22 @@ def _stub_launch(created: datetime, why: str) -> dict[str, Any]:
 _PLACEHOLDER_RE = re.compile(rb"<redacted:([A-Za-z0-9_.-]+)#([0-9]+)(?::[0-9a-f]{8,16})?>")
 
 
+def _member_chunks(root: Path, name: str, held: Mapping[str, bytes]) -> Iterator[bytes]:
+    """The bytes of a member: held in memory (a stub sealing could not write on a full disk)
+    or read from the staging folder in chunks."""
+    if name in held:
+        yield held[name]
+        return
+    with open(root / name, "rb") as fp:
+        while chunk := fp.read(CHUNK):
+            yield chunk
+
+
 def _merge_found_placeholders(
-    records: list[Mapping[str, object]], root: Path, members: list[str]
+    records: list[Mapping[str, object]],
+    root: Path,
+    members: list[str],
+    held: Mapping[str, bytes],
 ) -> list[Mapping[str, object]]:
     """Seal: list placeholders present in text members but missing from the saved records."""
     known = {str(r.get("placeholder")) for r in records}
@@ -1638,19 +1652,18 @@ def _merge_found_placeholders(
         if not (name.startswith(("logs/", "requests/")) or name.endswith(".json")):
             continue
         tail = b""
-        with open(root / name, "rb") as fp:
-            while chunk := fp.read(CHUNK):
-                buf = tail + chunk
-                for m in _PLACEHOLDER_RE.finditer(buf):
-                    ph = m.group(0).decode("ascii")
-                    if ph in known:
-                        continue
-                    rec = found.setdefault(
-                        ph, {"placeholder": ph, "kind": m.group(1).decode("ascii"), "where": []}
-                    )
-                    if name not in rec["where"]:
-                        rec["where"].append(name)
-                tail = buf[-64:]
+        for chunk in _member_chunks(root, name, held):
+            buf = tail + chunk
+            for m in _PLACEHOLDER_RE.finditer(buf):
+                ph = m.group(0).decode("ascii")
+                if ph in known:
+                    continue
+                rec = found.setdefault(
+                    ph, {"placeholder": ph, "kind": m.group(1).decode("ascii"), "where": []}
+                )
+                if name not in rec["where"]:
+                    rec["where"].append(name)
+            tail = buf[-64:]
     return records + [found[k] for k in sorted(found)]
 
 

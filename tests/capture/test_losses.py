@@ -125,3 +125,32 @@ def test_disk_full_losses_are_recorded_and_seal_says_what_to_free(
     size, lost, _ = _log_bytes_and_losses(sealed)
     assert size < len(ran.stdout)
     assert size + lost >= len(ran.stdout)
+
+
+@pytest.mark.slow
+def test_seal_on_a_full_disk_holds_the_stubs_it_cannot_write_and_still_scans_them(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    """The capture died before writing fingerprint.json and the disk is full: seal cannot
+    write the stub into the staging folder, holds it in memory, and every later step (the
+    placeholder scan, the tar) reads it from there. Found by CI on a loaded machine, where
+    the flood filled the disk before the capture had written its fingerprint."""
+    from kk3evidence.bundle.archive import BundleWriter
+
+    staging = small_disk / "run.tar.staging"
+    writer = BundleWriter(staging)
+    log = writer.path_of("logs/combined.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"INFO start\nkey=<redacted:hf_token#1>\n")
+    writer.checkpoint()
+    with open(small_disk / "filler", "wb") as fp, contextlib.suppress(OSError):
+        while True:
+            fp.write(b"\0" * 65536)
+            fp.flush()
+    assert not (staging / "fingerprint.json").exists()
+    sealed = seal(staging, tmp_path / "sealed.tar")
+    assert validate(sealed) == []
+    with open_bundle(sealed) as b:
+        whats = {n["what"] for n in b.manifest["not_collected"]}
+        assert {"fingerprint.json", "launch.json"} <= whats
+        assert any(r["placeholder"] == "<redacted:hf_token#1>" for r in b.manifest["redactions"])
