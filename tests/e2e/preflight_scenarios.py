@@ -106,7 +106,8 @@ def _scratch(name: str, model: Path, scratch: Path) -> Path:
                                "AutoModelForCausalLM": "modeling_tiny.TinyCustomForCausalLM"})
     elif name == "tiny_headdim16":
         # tests/data/realruns/make_tiny_model.py --hidden 64 --heads 4 --kv-heads 4
-        # --intermediate 128: the config is what preflight reads; the weights are the tiny model's (shapes are not checked).
+        # --intermediate 128: the config is what preflight reads; the weights are the tiny
+        # model's (shapes are not checked).
         _copy_model(model, m)
         _edit_config(m, hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
                      head_dim=16, intermediate_size=128)
