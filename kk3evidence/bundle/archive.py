@@ -1749,11 +1749,12 @@ def _apply_ledger(writer: BundleWriter, staging: Path) -> None:
     for loss in losses if isinstance(losses, list) else []:  # anything else holds no dicts
         if isinstance(loss, dict) and (loss.get("member"), loss.get("reason")) not in have:
             writer._losses.append(loss)
-    if doc is not None and not doc.get("final"):
+    # No ledger document yet (killed before the writer's first batch) is no "final" either.
+    if not (doc or {}).get("final") and _killed_loss_from_counters(writer, staging):
+        pass
+    elif doc is not None and not doc.get("final"):
         numbers = [doc.get(k) for k in ("received_bytes", "written_bytes", "dropped_bytes")]
-        if _killed_loss_from_counters(writer, staging):
-            pass
-        elif all(isinstance(n, int) for n in numbers):
+        if all(isinstance(n, int) for n in numbers):
             received, written, dropped = (int(n) for n in numbers)  # type: ignore[arg-type]
             lost = received - written - dropped
             writer._losses.append(
