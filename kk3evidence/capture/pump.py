@@ -1,10 +1,12 @@
 """Live pass-through of a child's stdout/stderr, and the line log written beside it.
 
-Two pieces, so that disk never slows the child:
+Two pieces, so that a single slow disk write never holds up the pass-through:
 
 * :class:`Pump` (one thread) reads both pipes with ``os.read`` as soon as data is there, stamps
-  each chunk with its receive time (wall and monotonic, ns), writes it unchanged to our own
-  stdout/stderr, and hands it to the recorder. It never touches the disk.
+  each chunk with its receive time (wall and monotonic, ns), counts it as received (a shared
+  file mapping that survives a SIGKILL, see bundle/ledger.py), writes it unchanged to our own
+  stdout/stderr, and hands it to the recorder. It never writes to the disk itself; it waits
+  only when the recorder's queue is full.
 * :class:`LineRecorder` (one thread) receives chunks through a queue bounded in bytes, joins
   them into whole lines per stream (a partial line waits for its newline; more than
   ``MAX_PARTIAL`` bytes without one is written in pieces, never cutting a secret in two),
