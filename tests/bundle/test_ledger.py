@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kk3evidence.bundle.ledger import COUNTERS_NAME, Counters, read_counters
@@ -59,3 +59,32 @@ def test_a_link_is_not_followed(tmp_path: Path) -> None:
     (tmp_path / COUNTERS_NAME).symlink_to(target)
     assert read_counters(tmp_path) is None
     assert not Counters(tmp_path).usable  # O_NOFOLLOW: never written through a link
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    log=st.binary(max_size=300).map(lambda b: b.replace(b"\0", b"")),
+    unwritten=st.integers(0, 10_000),
+    shrink=st.integers(-50, 50),
+)
+def test_seal_counts_exactly_what_the_counters_say_was_never_written(
+    tmp_path_factory: object, log: bytes, unwritten: int, shrink: int
+) -> None:
+    """received = log size + redaction shrink + lost, whatever the ledger says (or lacks)."""
+    from kk3evidence.bundle.archive import BundleWriter, open_bundle, seal
+
+    assume(len(log) + shrink >= 0)  # what came in cannot be negative
+    staging = tmp_path_factory.mktemp("s") / "run.tar.staging"  # type: ignore[attr-defined]
+    writer = BundleWriter(staging)
+    path = writer.path_of("logs/combined.log")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(log)
+    writer.checkpoint()
+    counters = Counters(staging)
+    counters.add_received(len(log) + shrink + unwritten)
+    counters.add_shrink(shrink)
+    counters.close()
+    sealed = seal(staging, staging.parent / "sealed.tar")
+    with open_bundle(sealed) as b:
+        (loss,) = [x for x in b.manifest["losses"] if "killed" in str(x["reason"])]
+    assert loss["bytes"] == max(unwritten, 0)
