@@ -1749,7 +1749,10 @@ def _apply_ledger(writer: BundleWriter, staging: Path) -> None:
     for loss in losses if isinstance(losses, list) else []:  # anything else holds no dicts
         if isinstance(loss, dict) and (loss.get("member"), loss.get("reason")) not in have:
             writer._losses.append(loss)
-    if doc is not None and not doc.get("final"):
+    # No ledger document yet (killed before the writer's first batch) is no "final" either.
+    if not (doc or {}).get("final") and _killed_loss_from_counters(writer, staging):
+        pass
+    elif doc is not None and not doc.get("final"):
         numbers = [doc.get(k) for k in ("received_bytes", "written_bytes", "dropped_bytes")]
         if all(isinstance(n, int) for n in numbers):
             received, written, dropped = (int(n) for n in numbers)  # type: ignore[arg-type]
@@ -1778,6 +1781,36 @@ def _apply_ledger(writer: BundleWriter, staging: Path) -> None:
                         "launch.json is the copy written at start",
                     }
                 )
+
+
+def _killed_loss_from_counters(writer: BundleWriter, staging: Path) -> bool:
+    """The exact loss of a killed capture from its counters (bundle/ledger.py): everything it
+    received (counted before it was shown) that is neither in the log (tails appended) nor
+    already recorded as lost. ``False`` when there are no counters (an older capture)."""
+    from kk3evidence.bundle.ledger import read_counters
+
+    counters = read_counters(staging)
+    log = staging / LOG_MEMBER
+    if counters is None or log.is_symlink() or not log.is_file():
+        return False
+    received, shrink = counters
+    recorded = sum(
+        int(loss.get("bytes") or 0)
+        for loss in writer._losses
+        if loss.get("member") == LOG_MEMBER and isinstance(loss.get("bytes"), int)
+    )
+    lost = received - log.stat().st_size - shrink - recorded
+    writer._losses.append(
+        {
+            "member": LOG_MEMBER,
+            "reason": "capture was killed: output it had received (and passed through, or "
+            "was about to) but not yet written",
+            "bytes": max(lost, 0),
+            "lines": None,
+            "at": _iso(_utcnow()),
+        }
+    )
+    return True
 
 
 def _append_partial_tails(log: Path) -> int:

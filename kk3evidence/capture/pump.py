@@ -1,17 +1,21 @@
 """Live pass-through of a child's stdout/stderr, and the line log written beside it.
 
-Two pieces, so that disk never slows the child:
+Two pieces, so that a single slow disk write never holds up the pass-through:
 
 * :class:`Pump` (one thread) reads both pipes with ``os.read`` as soon as data is there, stamps
-  each chunk with its receive time (wall and monotonic, ns), writes it unchanged to our own
-  stdout/stderr, and hands it to the recorder. It never touches the disk.
+  each chunk with its receive time (wall and monotonic, ns), counts it as received (a shared
+  file mapping that survives a SIGKILL, see bundle/ledger.py), writes it unchanged to our own
+  stdout/stderr, and hands it to the recorder. It never writes to the disk itself; it waits
+  only when the recorder's queue is full.
 * :class:`LineRecorder` (one thread) receives chunks through a queue bounded in bytes, joins
   them into whole lines per stream (a partial line waits for its newline; more than
   ``MAX_PARTIAL`` bytes without one is written in pieces, never cutting a secret in two),
   optionally redacts them, and appends
-  them to ``logs/combined.log`` with one ``lines.tsv`` row per line. When the queue is full or a
-  write fails, the data is dropped *from the log only* and counted in :attr:`LineRecorder.losses`;
-  the pass-through goes on.
+  them to ``logs/combined.log`` with one ``lines.tsv`` row per line. When the queue is full, the
+  pump waits for room before it reads on (backpressure, like ``tee``: CMD is slowed, nothing is
+  dropped, memory stays bounded). Only a write that fails (full disk, I/O error) or a writer that
+  makes no progress for ``STALL_SECONDS`` drops data, *from the log only*, counted in
+  :attr:`LineRecorder.losses`; the pass-through goes on.
 
 A line's receive time is the time the chunk holding its newline arrived.
 """
@@ -39,8 +43,10 @@ from typing import BinaryIO, Protocol
 MAX_PARTIAL = 64 * 1024
 #: suffix of the files holding unfinished last lines for ``seal`` (``combined.log.partial-0``)
 PARTIAL_SUFFIX = ".partial-"
-#: bytes waiting for the log writer before new chunks are dropped from the log
+#: bytes waiting for the log writer before the pump stops reading CMD's pipes (backpressure)
 DEFAULT_QUEUE_BYTES = 32 * 1024 * 1024
+#: a full queue whose writer has not taken a batch for this long is dropped from (a hung disk)
+STALL_SECONDS = 60.0
 #: with more than this waiting, the writer only appends to the log and indexes later
 PRESSURE_BYTES = 4 * 1024 * 1024
 #: log blocks kept in memory for indexing later; beyond this they are read back from the file
@@ -59,6 +65,14 @@ STREAMS = ("out", "err")
 
 class Writable(Protocol):
     def write(self, data: bytes | memoryview, /) -> object: ...
+
+
+class ByteCounters(Protocol):
+    """Totals kept where a SIGKILL cannot erase them (bundle/ledger.py ``Counters``)."""
+
+    def add_received(self, nbytes: int, /) -> None: ...
+
+    def add_shrink(self, nbytes: int, /) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +140,8 @@ class LineRecorder:
         max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         on_first_loss: Callable[[str], None] | None = None,
         ledger: Callable[[dict[str, object]], None] | None = None,
+        counters: ByteCounters | None = None,
+        stall_seconds: float = STALL_SECONDS,
     ) -> None:
         self._log = _unbuffered(log)
         self._index = _unbuffered(index)
@@ -139,6 +155,11 @@ class LineRecorder:
         # Running totals for seal, kept where a SIGKILL or a full disk cannot erase them
         # (bundle/ledger.py): what was received, taken from the queue and dropped.
         self._ledger = ledger
+        # ``received`` is counted by the pump before the pass-through (:meth:`arrived`), and
+        # redaction's shrink after each log write: seal derives the exact loss from them.
+        self._counters = counters
+        self._stall = stall_seconds
+        self._progress = 0  # batches taken from the queue (the pump waits on it)
         self.received = 0
         self._taken = 0
         self._dropped = 0
@@ -170,19 +191,41 @@ class LineRecorder:
         self._thread.start()
 
     # -- producer side (pump thread) -------------------------------------------------------
+    def arrived(self, nbytes: int) -> None:
+        """Count a chunk as received before it is shown: a SIGKILL between the two leaves it
+        counted (seal: lost) rather than shown and unaccounted."""
+        if self._counters is not None:
+            self._counters.add_received(nbytes)
+
     def put(self, stream: int, data: bytes, wall_ns: int, mono_ns: int) -> None:
+        """Queue ``data`` for the log; while the queue is full, wait for the writer (the pump
+        then stops reading, CMD blocks on its pipe). Dropped only when the writer is gone or
+        has taken nothing for ``stall_seconds``."""
         with self._cond:
             self.received += len(data)
-            if self._queued + len(data) > self._max_queue:
-                full = True
-                self._dropped += len(data)
-            else:
-                full = False
+            reason = self._wait_for_room(len(data))
+            if reason is None:
                 self._queue.append((stream, data, wall_ns, mono_ns))
                 self._queued += len(data)
-                self._cond.notify()
-        if full:
-            self._lose("queue full (log writer behind)", len(data), data.count(b"\n"))
+                self._cond.notify_all()
+            else:
+                self._dropped += len(data)
+        if reason is not None:
+            self._lose(reason, len(data), data.count(b"\n"))
+
+    def _wait_for_room(self, nbytes: int) -> str | None:
+        """Called holding ``_cond``; ``None`` once there is room, else why not."""
+        progress = self._progress
+        since = time.monotonic()
+        while self._queued and self._queued + nbytes > self._max_queue:
+            if not self._thread.is_alive():
+                return "log writer stopped"
+            self._cond.wait(min(1.0, self._stall))
+            if self._progress != progress:
+                progress, since = self._progress, time.monotonic()
+            elif time.monotonic() - since >= self._stall:
+                return f"log writer stalled for {self._stall:g} s (queue full)"
+        return None
 
     def eof(self, stream: int) -> None:
         with self._cond:
@@ -228,6 +271,8 @@ class LineRecorder:
                 self._take(stream, data, wall, mono)
             with self._cond:
                 self._queued -= size
+                self._progress += 1
+                self._cond.notify_all()  # the pump may be waiting for room
             if self._queued < PRESSURE_BYTES:
                 self._index_pending(budget=INDEX_STEP)
             # Each batch reaches the OS at once: a SIGKILLed shim loses nothing it wrote.
@@ -338,6 +383,7 @@ class LineRecorder:
         self._partial[stream] = buf
 
     def _emit(self, stream: int, block: bytes | memoryview, wall: int, mono: int) -> None:
+        taken = len(block)
         if self._redact is not None:
             try:
                 block = self._redact(block)
@@ -345,7 +391,12 @@ class LineRecorder:
                 # Without redaction the line may hold a secret: drop it rather than store it.
                 self._lose(f"redaction failed: {type(exc).__name__}", len(block), 1)
                 return
-        if not self._safe_write(self._log, block, "logs/combined.log", -1):
+        written = self._safe_write(self._log, block, "logs/combined.log", -1)
+        if self._counters is not None:
+            # After the write: a SIGKILL in between misses this block's shrink (if any).
+            # A failed write is recorded as lost in written bytes, so it shrinks too.
+            self._counters.add_shrink(taken - len(block))
+        if not written:
             return
         keep = self._log_path is None or self._pending_bytes + len(block) <= PENDING_MEMORY
         self._pending.append(
@@ -501,6 +552,8 @@ class Pump:
                     wall = time.time_ns()
                     mono = time.monotonic_ns()
                     self.bytes_seen[i] += len(data)
+                    if self._recorder is not None:
+                        self._recorder.arrived(len(data))
                     if not self._sink_dead[i]:
                         try:
                             self._sinks[i](data)

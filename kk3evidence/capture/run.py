@@ -587,6 +587,7 @@ def run_capture(
         redact=recorder_redact,
         on_first_loss=say,
         ledger=ledger.update,
+        counters=ledger.counters,
     )
 
     milestones = prepare_watchdog()

@@ -109,3 +109,87 @@ def test_log_redactor_matches_the_full_redactor_and_learns_from_log_lines() -> N
     want = b"".join(full.text(line) for line in lines)
     assert got == want
     assert b"s3cretValue99" not in got and b"hf_AbCd" not in got
+
+
+def test_a_full_queue_holds_the_producer_back_instead_of_dropping(tmp_path: Path) -> None:
+    """Backpressure: a flood ten times the queue's bound reaches the log whole, and what is
+    queued or being written never exceeds the bound."""
+    bound = 4096
+    seen: list[int] = []
+
+    class Log(io.BytesIO):
+        def write(self, data: bytes | memoryview, /) -> int:  # type: ignore[override]
+            seen.append(rec._queued)
+            return super().write(data)
+
+    log = Log()
+    rec = LineRecorder(log, io.BytesIO(), max_queue_bytes=bound)
+    parts = [b"line %05d %s\n" % (i, b"y" * 990) for i in range(40)]
+    for part in parts:
+        rec.put(0, part, 1, 1)
+    rec.eof(0)
+    assert rec.close(30)
+    assert rec.losses == []
+    assert log.getvalue() == b"".join(parts)
+    assert seen and max(seen) <= bound
+
+
+def test_a_writer_that_takes_nothing_for_the_stall_time_gets_its_overflow_dropped() -> None:
+    """Only a stuck writer (a hung disk) makes the pump drop: the chunk that found the queue
+    full and the writer stuck for ``stall_seconds`` is counted lost, the rest is written."""
+    import threading
+
+    entered, gate = threading.Event(), threading.Event()
+
+    class Hung(io.BytesIO):
+        def write(self, data: bytes | memoryview, /) -> int:  # type: ignore[override]
+            entered.set()
+            gate.wait()
+            return super().write(data)
+
+    log = Hung()
+    rec = LineRecorder(log, io.BytesIO(), max_queue_bytes=10, stall_seconds=0.05)
+    chunks = [b"%09d\n" % i for i in range(3)]
+    rec.put(0, chunks[0], 1, 1)
+    entered.wait()  # the writer holds chunk 0 (still counted against the bound) and hangs
+    rec.put(0, chunks[1], 1, 1)
+    rec.put(0, chunks[2], 1, 1)
+    gate.set()
+    rec.eof(0)
+    assert rec.close(30)
+    (loss,) = rec.losses
+    assert "stalled" in loss.reason and loss.bytes == 20 and loss.lines == 2
+    assert log.getvalue() == chunks[0]
+
+
+def test_counters_see_every_byte_received_and_what_redaction_shrank() -> None:
+    from kk3evidence.bundle.redact import Redactor
+    from kk3evidence.capture.run import LogRedactor, known_secrets
+
+    class Counts:
+        received = 0
+        shrink = 0
+
+        def add_received(self, n: int) -> None:
+            self.received += n
+
+        def add_shrink(self, n: int) -> None:
+            self.shrink += n
+
+    env = {"HF_TOKEN": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"}
+    redactor = Redactor()
+    redactor.env(env)
+    counts = Counts()
+    log = io.BytesIO()
+    rec = LineRecorder(
+        log, io.BytesIO(), redact=LogRedactor(redactor, known_secrets(env, [])), counters=counts
+    )
+    parts = [b"plain\n", b"token hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789 here\n", b"end"]
+    for part in parts:
+        rec.arrived(len(part))
+        rec.put(0, part, 1, 1)
+    rec.eof(0)
+    assert rec.close(30)
+    assert counts.received == sum(map(len, parts))
+    assert len(log.getvalue()) + counts.shrink == counts.received
+    assert counts.shrink != 0

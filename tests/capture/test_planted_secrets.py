@@ -95,3 +95,32 @@ def test_no_planted_secret_reaches_the_bundle(tmp_path: Path) -> None:
     assert log.endswith(b"done\n")
     kinds = {r["kind"] for r in manifest["redactions"]}
     assert {"HF_TOKEN", "private_key", "cookie", "user_password", "json_secret"} <= kinds
+
+
+@pytest.mark.slow
+def test_a_78_mb_burst_of_secret_bearing_lines_is_recorded_whole_and_redacted(
+    tmp_path: Path,
+) -> None:
+    """The issue's burst: 78 MB of 3 KB lines each carrying HF_TOKEN, far more than the
+    writer's 32 MiB queue. Capture holds CMD back instead of dropping (backpressure): every
+    line is in the bundle, redacted, and nothing is lost."""
+    bundle = tmp_path / "b.tar"
+    env = base_env(
+        HF_TOKEN=HF,
+        TLS_PRIVATE_KEY=PEM,
+        PLANTED_LEARNED=LEARNED,
+        PLANTED_SAMPLES=SAMPLES,
+        PLANTED_FLOOD_BATCHES="257",  # 25,700 lines of 3,031 bytes: 78 MB
+    )
+    cmd = [PY, prog("planted.py"), "--api-key", API_KEY]
+    ran = run_capture(bundle, cmd, env=env, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.count(b"F" * 3000 + HF.encode()) == 25_700
+    assert validate(bundle) == []
+    with open_bundle(bundle) as b:
+        manifest = b.manifest
+        log = b.read_bytes("logs/combined.log")
+    assert manifest["losses"] == []
+    assert log.count(b"F" * 3000 + b"<redacted:") == 25_700
+    assert HF.encode() not in log
+    assert log.endswith(b"done\n")
