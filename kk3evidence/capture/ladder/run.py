@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,21 +33,25 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kk3evidence.analysis.engine import analyze
+from kk3evidence.analysis.progress import MilestoneWatcher
 from kk3evidence.bundle.archive import validate
 from kk3evidence.bundle.schema import load_toml
 from kk3evidence.capture import identity
 from kk3evidence.capture.ladder.fit import Fit, count_tokens, fit_prompt
 from kk3evidence.errors import InputError, Kk3Error, UsageError
+from kk3evidence.handoff import prompts
 from kk3evidence.handoff.diff import diff
 from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec, step_variables
 from kk3evidence.model import FORMAT_IDS
 
 __all__ = [
     "LADDER_STATE_SCHEMA",
+    "LadderEvents",
     "LadderResult",
+    "NoProgress",
     "Outcome",
     "Plan",
     "StepRecord",
@@ -59,41 +62,6 @@ __all__ = [
 
 LADDER_STATE_SCHEMA = FORMAT_IDS["ladder-state"]
 STATE_FILE = "ladder-state.json"
-
-_WORDS = (
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "the",
-    "lazy",
-    "dog",
-    "while",
-    "the",
-    "server",
-    "logs",
-    "every",
-    "request",
-    "and",
-    "the",
-    "cache",
-    "keeps",
-    "each",
-    "prefix",
-    "block",
-    "for",
-    "the",
-    "next",
-    "question",
-    "about",
-    "memory",
-    "tokens",
-    "and",
-    "engine",
-    "workers",
-)
 
 WEATHER_TOOL = {
     "type": "function",
@@ -198,10 +166,7 @@ def expand_env_refs(text: str, env: Mapping[str, str], where: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def long_prompt(tokens: int) -> str:
-    """A deterministic prompt of about ``tokens`` tokens (common words, about one token each)."""
-    words = " ".join(_WORDS[i % len(_WORDS)] for i in range(max(1, tokens)))
-    return words + "\nSummarize the text above in one sentence."
+long_prompt = prompts.long_prompt  # the one generator (handoff.prompts); kept as a name here
 
 
 def request_body(spec: RequestSpec, model: str | None) -> dict[str, Any]:
@@ -370,85 +335,41 @@ class LadderResult:
 # Progress
 # --------------------------------------------------------------------------------------------
 
-_STAGE_MARKERS: tuple[tuple[bytes, str], ...] = (
-    (b"Application startup complete", "api_ready"),
-    (b"Starting vLLM API server", "api_ready"),
-    (b"Available KV cache memory", "engine_init"),
-    (b"init engine", "engine_init"),
-    (b"Loading weights took", "weights_access"),
-    (b"Starting to load model", "weights_access"),
-    (b"world_size=", "comm_group"),
-    (b"Automatically detected platform", "device_discovery"),
-)
+class LadderEvents(Protocol):
+    """What the ladder reports while it runs; the CLI draws it (cli/_ladder.py), tests ignore it.
+
+    ``begin`` when a server starts for a group of steps, ``set_stage`` as its start-up or the
+    steps move on, ``say`` for one-line events, ``end`` when the server is gone."""
+
+    def begin(self, prefix: str) -> None: ...
+
+    def set_stage(self, stage: str) -> None: ...
+
+    def say(self, text: str) -> None: ...
+
+    def end(self) -> None: ...
+
+    def server_output(self, data: bytes) -> None:
+        """The server's raw output, with ``verbose`` only (the CLI passes it on to stderr)."""
 
 
-class Progress:
-    """One status line on stderr (rewritten in place on a terminal, one line per event else)."""
-
-    def __init__(self, stream: Any = None, *, enabled: bool = True) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.lock = threading.Lock()
-        self.prefix = ""
-        self.stage = ""
-        self.started = time.monotonic()
-        self._stop = threading.Event()
-        self._ticker: threading.Thread | None = None
+class NoProgress:
+    """:class:`LadderEvents` that shows nothing (library use, tests, ``--quiet``)."""
 
     def begin(self, prefix: str) -> None:
-        with self.lock:
-            self.prefix = prefix
-            self.stage = "starting"
-            self.started = time.monotonic()
-        self._line(force=True)
-        if self.tty and self.enabled and self._ticker is None:
-            self._stop.clear()
-            self._ticker = threading.Thread(target=self._tick, name="kk3-ladder-progress")
-            self._ticker.daemon = True
-            self._ticker.start()
+        pass
 
     def set_stage(self, stage: str) -> None:
-        with self.lock:
-            changed = stage != self.stage
-            self.stage = stage
-        if changed:
-            self._line(force=not self.tty)
+        pass
 
     def say(self, text: str) -> None:
-        if not self.enabled:
-            return
-        with self.lock:
-            if self.tty:
-                self.stream.write("\r\x1b[2K")
-            self.stream.write(f"kk3evidence ladder: {text}\n")
-            self.stream.flush()
+        pass
 
     def end(self) -> None:
-        self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join(2)
-            self._ticker = None
-        if self.enabled and self.tty:
-            with self.lock:
-                self.stream.write("\r\x1b[2K")
-                self.stream.flush()
+        pass
 
-    def _tick(self) -> None:
-        while not self._stop.wait(1.0):
-            self._line(force=True)
-
-    def _line(self, force: bool) -> None:
-        if not self.enabled or not force:
-            return
-        with self.lock:
-            secs = time.monotonic() - self.started
-            text = f"{self.prefix} · {self.stage} · {secs:.0f} s"
-            if self.tty:
-                self.stream.write("\r\x1b[2K" + text[:200])
-            else:
-                self.stream.write(f"kk3evidence ladder: {text}\n")
-            self.stream.flush()
+    def server_output(self, data: bytes) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -460,13 +381,20 @@ class _Tee:
     """Receives the server's raw output: keeps the lines (for per-step windows), writes a
     console copy, and feeds the progress display."""
 
-    def __init__(self, console: Any, progress: Progress, passthrough: Any = None) -> None:
+    def __init__(
+        self,
+        console: Any,
+        progress: LadderEvents,
+        passthrough: Callable[[bytes], None] | None = None,
+    ) -> None:
         self.console = console
         self.progress = progress
         self.passthrough = passthrough
         self.lock = threading.Lock()
         self.lines: list[bytes] = []
         self._partial = b""
+        # the analysis milestone rules (rules/milestones.toml), as capture's watchdog uses them
+        self._milestones = MilestoneWatcher()
 
     def __call__(self, data: bytes) -> None:
         with self.lock:
@@ -477,14 +405,13 @@ class _Tee:
             parts = chunk.split(b"\n")
             self._partial = parts.pop()
             self.lines.extend(parts)
+            seen = self._milestones.feed(data, time.monotonic())
+            stage = self._milestones.stage
         if self.passthrough is not None:
             with contextlib.suppress(OSError, ValueError):
-                self.passthrough.write(data)
-                self.passthrough.flush()
-        for marker, stage in _STAGE_MARKERS:
-            if marker in data:
-                self.progress.set_stage(stage)
-                break
+                self.passthrough(data)
+        if seen and stage is not None:
+            self.progress.set_stage(stage)
 
     def mark(self) -> int:
         with self.lock:
@@ -539,7 +466,7 @@ class CaptureRunner:
     def __init__(
         self,
         out_dir: Path,
-        progress: Progress,
+        progress: LadderEvents,
         *,
         ready_timeout: float = 1800.0,
         request_timeout: float = 600.0,
@@ -570,7 +497,7 @@ class CaptureRunner:
         with contextlib.suppress(FileNotFoundError):
             bundle.unlink()
         console = (self.out_dir / f"{tag}.console.log").open("wb")
-        tee = _Tee(console, self.progress, sys.stderr.buffer if self.verbose else None)
+        tee = _Tee(console, self.progress, self.progress.server_output if self.verbose else None)
         capture_requests = first.request.repeat if first.request.concurrency == 1 else 0
         request_file: Path | None = None
         if capture_requests:
@@ -969,7 +896,7 @@ def run_ladder(
     plan: Plan,
     out_dir: str | Path,
     *,
-    progress: Progress | None = None,
+    progress: LadderEvents | None = None,
     runner: CaptureRunner | None = None,
     fresh: bool = False,
     reuse_server: bool = True,
@@ -989,7 +916,7 @@ def run_ladder(
         _state_path(out).unlink()
     state = _load_state(out, plan)
     state["plan"] = plan.source
-    progress = progress or Progress()
+    progress = progress or NoProgress()
     runner = runner or CaptureRunner(
         out, progress, ready_timeout=ready_timeout, request_timeout=request_timeout, verbose=verbose
     )
