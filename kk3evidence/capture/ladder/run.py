@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from kk3evidence.analysis.engine import analyze
 from kk3evidence.analysis.progress import MilestoneWatcher
@@ -46,6 +46,10 @@ from kk3evidence.handoff import prompts
 from kk3evidence.handoff.diff import diff
 from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec, step_variables
 from kk3evidence.model import FORMAT_IDS
+
+if TYPE_CHECKING:
+    from kk3evidence.capture.http import ApiTarget
+    from kk3evidence.capture.run import CaptureOptions, CaptureResult
 
 __all__ = [
     "LADDER_STATE_SCHEMA",
@@ -450,6 +454,7 @@ class _GroupRun:
     staging: Path
     tee: _Tee
     capture_requests: int  # how many requests capture itself sends (the first step's)
+    request_file: Path | None = None  # the first step's request, for capture --request
     seen_requests: list[tuple[str, int | None]] = field(default_factory=list)
     requests_done: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
@@ -458,6 +463,16 @@ class _GroupRun:
     ready: bool = False
     served_model: str | None = None
     user_interrupted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Api:
+    """The step server's API once it answers: where, what to send, what to record."""
+
+    target: ApiTarget
+    headers: Mapping[str, str]
+    shown: Mapping[str, str]
+    served_model: str | None
 
 
 class CaptureRunner:
@@ -486,8 +501,35 @@ class CaptureRunner:
         on_step: Callable[[PlanStep, dict[str, Any]], bool],
         total: int,
     ) -> list[tuple[PlanStep, dict[str, Any]]]:
+        """Start the steps' server through capture, drive their requests from a thread, and
+        return one raw record per step that ran."""
         from kk3evidence.capture import run as capture
 
+        group, console = self._new_group(steps, argv, env)
+        opts = self._capture_options(group, total)
+        ids = ", ".join(str(s.id) for s in steps)
+        self.progress.begin(f"step {ids}/{total - 1} {steps[0].variable}")
+        driver = threading.Thread(
+            target=self._drive, args=(group, on_step), name="kk3-ladder-driver", daemon=True
+        )
+        driver.start()
+        try:
+            result = capture.run_capture(
+                opts, out=group.tee, err=group.tee, say=self._capture_say(group)
+            )
+        finally:
+            group.finished.set()
+            group.requests_done.set()
+            driver.join(self.request_timeout + 120)
+            console.close()
+            self.progress.end()
+        return self._group_records(group, result, on_step)
+
+    def _new_group(
+        self, steps: list[PlanStep], argv: list[str], env: dict[str, str]
+    ) -> tuple[_GroupRun, BinaryIO]:
+        """A clean bundle path and staging folder, the console log and the first step's
+        request file for capture; the caller closes the console log."""
         first = steps[0]
         tag = f"step-{first.id:02d}"
         bundle = self.out_dir / f"{tag}.tar"
@@ -514,16 +556,23 @@ class CaptureRunner:
             staging=staging,
             tee=tee,
             capture_requests=capture_requests,
+            request_file=request_file,
         )
+        return group, console
+
+    def _capture_options(self, group: _GroupRun, total: int) -> CaptureOptions:
+        from kk3evidence.capture import run as capture
+
+        steps, first = group.steps, group.steps[0]
         changes: list[str] = []
         change = f"{first.variable}={first.from_ or 'absent'}->{first.to or '?'}"
         with contextlib.suppress(Exception):
             capture.parse_change(change)
             changes.append(change)
-        opts = capture.CaptureOptions(
-            argv=tuple(argv),
-            output=bundle,
-            staging=staging,
+        return capture.CaptureOptions(
+            argv=tuple(group.argv),
+            output=group.bundle,
+            staging=group.staging,
             notes=(
                 f"kk3evidence ladder step {first.id}/{total - 1}: {first.variable} "
                 f"({first.from_} -> {first.to})",
@@ -534,14 +583,16 @@ class CaptureRunner:
             # the prefix steps record the four prefix checks (probes/prefix_probe.json)
             prefix_probe=any(s.variable in PREFIX_VARIABLES for s in steps),
             ready_timeout=self.ready_timeout,
-            request_file=request_file,
-            repeat=max(1, capture_requests),
+            request_file=group.request_file,
+            repeat=max(1, group.capture_requests),
             stop_after_request=False,
             request_timeout=self.request_timeout,
-            extra_env=env,
+            extra_env=group.env,
         )
-        ids = ", ".join(str(s.id) for s in steps)
-        self.progress.begin(f"step {ids}/{total - 1} {first.variable}")
+
+    def _capture_say(self, group: _GroupRun) -> Callable[[str], None]:
+        """capture's messages: its request lines tell the driver when the first step's
+        requests are done; with ``verbose`` they are shown."""
 
         def say(text: str) -> None:
             m = _REQ_LINE.match(text)
@@ -553,18 +604,16 @@ class CaptureRunner:
             if self.verbose:
                 self.progress.say(text)
 
-        driver = threading.Thread(
-            target=self._drive, args=(group, on_step), name="kk3-ladder-driver", daemon=True
-        )
-        driver.start()
-        try:
-            result = capture.run_capture(opts, out=tee, err=tee, say=say)
-        finally:
-            group.finished.set()
-            group.requests_done.set()
-            driver.join(self.request_timeout + 120)
-            console.close()
-            self.progress.end()
+        return say
+
+    def _group_records(
+        self,
+        group: _GroupRun,
+        result: CaptureResult,
+        on_step: Callable[[PlanStep, dict[str, Any]], bool],
+    ) -> list[tuple[PlanStep, dict[str, Any]]]:
+        """The driver's records, or one for the first step when the server never got ready."""
+        first = group.steps[0]
         launch: dict[str, Any] = {}
         if result.bundle is not None:
             with contextlib.suppress(Exception):
@@ -605,6 +654,28 @@ class CaptureRunner:
 
     # -- the driver thread: readiness, each step's requests, then stopping the server --------
     def _drive(self, group: _GroupRun, on_step: Callable[[PlanStep, dict[str, Any]], bool]) -> None:
+        api = self._wait_ready(group)
+        if api is None:
+            return
+        group.ready = True
+        group.served_model = api.served_model
+        for idx, step in enumerate(group.steps):
+            if group.finished.is_set():
+                break
+            record = self._run_step(group, idx, step, api)
+            group.records.append((step, record))
+            if not on_step(step, record):
+                break
+        # capture reads /metrics right after its own requests: let it finish before stopping
+        after = group.staging / "metrics" / "after.prom"
+        deadline = time.monotonic() + 20.0
+        while group.capture_requests and not after.exists() and time.monotonic() < deadline:
+            if group.finished.wait(0.2):
+                break
+        self._stop_server(group)
+
+    def _wait_ready(self, group: _GroupRun) -> _Api | None:
+        """Poll the step's server until its API answers; None if it never does."""
         from kk3evidence.capture import http as probe
 
         target = probe.api_target(group.argv, group.env)
@@ -630,62 +701,51 @@ class CaptureRunner:
                                          identity.expected_models(_serve_of(group.argv))),
             )
         if not rd.ready:
-            return
-        group.ready = True
-        group.served_model = rd.served_model
-        for idx, step in enumerate(group.steps):
-            if group.finished.is_set():
-                break
-            self.progress.set_stage(f"requests of step {step.id} ({step.request.describe()})")
-            start_line = group.tee.mark()
-            summaries: list[str] = []
-            classes: list[str] = []
-            requests_dir: str | None = None
-            if idx == 0 and group.capture_requests:
-                group.requests_done.wait(self.request_timeout * group.capture_requests + 60)
-                for name, status in group.seen_requests:
-                    classes.append(_status_class(status, None))
-                    summaries.append(f"{name}: {'HTTP ' + str(status) if status else 'no answer'}")
-                if len(group.seen_requests) < group.capture_requests:
-                    classes.append("no answer")
-            else:
-                recs = self._send(step, target, headers, shown, rd.served_model)
-                self._save_metrics(step, target, headers)
-                requests_dir = f"step-{step.id:02d}/requests"
-                for r in recs:
-                    classes.append(_status_class(r.get("status"), r.get("error")))
-                    summaries.append(
-                        f"{r['name']}: "
-                        + (f"HTTP {r['status']}" if r.get("status") else "no answer")
-                        + (f" ({r['error']})" if r.get("error") else "")
-                    )
-            # The server logs a request's outcome right after answering it; give those lines a
-            # moment to arrive before the step's log window is analysed.
-            group.finished.wait(0.5)
-            ff = _window_failure(group.tee.window(start_line))
-            record = {
-                "outcome": Outcome(
-                    ready=True,
-                    failure_stage=ff["stage"] if ff else None,
-                    failure_category=ff["category"] if ff else None,
-                    failure_rule=ff["rule"] if ff else None,
-                    failure_text=ff["text"] if ff else None,
-                    requests=tuple(sorted(set(classes))),
-                ),
-                "requests_dir": requests_dir,
-                "summaries": tuple(summaries),
-                "shares_server_with": group.steps[0].id if idx else None,
-            }
-            group.records.append((step, record))
-            if not on_step(step, record):
-                break
-        # capture reads /metrics right after its own requests: let it finish before stopping
-        after = group.staging / "metrics" / "after.prom"
-        deadline = time.monotonic() + 20.0
-        while group.capture_requests and not after.exists() and time.monotonic() < deadline:
-            if group.finished.wait(0.2):
-                break
-        self._stop_server(group)
+            return None
+        return _Api(target, headers, shown, rd.served_model)
+
+    def _run_step(self, group: _GroupRun, idx: int, step: PlanStep, api: _Api) -> dict[str, Any]:
+        """One step's requests on the running server and the outcome of its log window."""
+        self.progress.set_stage(f"requests of step {step.id} ({step.request.describe()})")
+        start_line = group.tee.mark()
+        summaries: list[str] = []
+        classes: list[str] = []
+        requests_dir: str | None = None
+        if idx == 0 and group.capture_requests:
+            group.requests_done.wait(self.request_timeout * group.capture_requests + 60)
+            for name, status in group.seen_requests:
+                classes.append(_status_class(status, None))
+                summaries.append(f"{name}: {'HTTP ' + str(status) if status else 'no answer'}")
+            if len(group.seen_requests) < group.capture_requests:
+                classes.append("no answer")
+        else:
+            recs = self._send(step, api.target, api.headers, api.shown, api.served_model)
+            self._save_metrics(step, api.target, api.headers)
+            requests_dir = f"step-{step.id:02d}/requests"
+            for r in recs:
+                classes.append(_status_class(r.get("status"), r.get("error")))
+                summaries.append(
+                    f"{r['name']}: "
+                    + (f"HTTP {r['status']}" if r.get("status") else "no answer")
+                    + (f" ({r['error']})" if r.get("error") else "")
+                )
+        # The server logs a request's outcome right after answering it; give those lines a
+        # moment to arrive before the step's log window is analysed.
+        group.finished.wait(0.5)
+        ff = _window_failure(group.tee.window(start_line))
+        return {
+            "outcome": Outcome(
+                ready=True,
+                failure_stage=ff["stage"] if ff else None,
+                failure_category=ff["category"] if ff else None,
+                failure_rule=ff["rule"] if ff else None,
+                failure_text=ff["text"] if ff else None,
+                requests=tuple(sorted(set(classes))),
+            ),
+            "requests_dir": requests_dir,
+            "summaries": tuple(summaries),
+            "shares_server_with": group.steps[0].id if idx else None,
+        }
 
     def _save_metrics(self, step: PlanStep, target: Any, headers: Mapping[str, str]) -> None:
         """``/metrics`` after a step that ran on a reused server (prefix-cache counters etc.)."""
