@@ -952,6 +952,56 @@ def describe_change(step: PlanStep, before: Outcome, after: Outcome) -> str:
     )
 
 
+class _Judge:
+    """Compares each step's outcome with the last stable step's; keeps the verdict."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.baseline: StepRecord | None = None
+        self.last_stable: StepRecord | None = None
+        self.verdict: str | None = None
+        self.message = ""
+
+    def __call__(self, rec: StepRecord) -> str | None:
+        """None when the ladder goes on; else the verdict."""
+        self.verdict = self._judge(rec)
+        return self.verdict
+
+    def _judge(self, rec: StepRecord) -> str | None:
+        step = self.plan.steps[rec.id]
+        if self.baseline is None:
+            self.baseline = rec
+            if not rec.outcome.healthy:
+                self.message = (
+                    f"the baseline (step {rec.id}, the minimal command with the fixed request) "
+                    f"does not work: {rec.outcome.describe()}; fix the start before restoring "
+                    "features (kk3evidence analyze on its bundle shows the first failure)"
+                )
+                return "baseline-fails"
+            self.last_stable = rec
+            return None
+        assert self.last_stable is not None
+        if rec.outcome.key() != self.last_stable.outcome.key():
+            self.message = describe_change(step, self.last_stable.outcome, rec.outcome)
+            return "changed"
+        self.last_stable = rec
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Ladder:
+    """One ladder run's fixed context, passed to its steps."""
+
+    plan: Plan
+    out: Path
+    env: Mapping[str, str]
+    state: dict[str, Any]
+    done: dict[str, Any]  # state["steps"]: the finished steps by id
+    progress: LadderEvents
+    runner: CaptureRunner
+    reuse_server: bool
+
+
 def run_ladder(
     plan: Plan,
     out_dir: str | Path,
@@ -981,38 +1031,13 @@ def run_ladder(
         out, progress, ready_timeout=ready_timeout, request_timeout=request_timeout, verbose=verbose
     )
     done: dict[str, Any] = state.setdefault("steps", {})
+    lad = _Ladder(plan, out, env_src, state, done, progress, runner, reuse_server)
+    judge = _Judge(plan)
     records: list[StepRecord] = []
     skipped: list[int] = []
     n = len(plan.steps)
-    baseline: StepRecord | None = None
-    last_stable: StepRecord | None = None
-    verdict: str | None = None
-    message = ""
-
-    def judge(rec: StepRecord) -> str | None:
-        """None when the ladder goes on; else the verdict."""
-        nonlocal baseline, last_stable, message
-        step = plan.steps[rec.id]
-        if baseline is None:
-            baseline = rec
-            if not rec.outcome.healthy:
-                message = (
-                    f"the baseline (step {rec.id}, the minimal command with the fixed request) "
-                    f"does not work: {rec.outcome.describe()}; fix the start before restoring "
-                    "features (kk3evidence analyze on its bundle shows the first failure)"
-                )
-                return "baseline-fails"
-            last_stable = rec
-            return None
-        assert last_stable is not None
-        if rec.outcome.key() != last_stable.outcome.key():
-            message = describe_change(step, last_stable.outcome, rec.outcome)
-            return "changed"
-        last_stable = rec
-        return None
-
     i = 0
-    while i < n and verdict is None:
+    while i < n and judge.verdict is None:
         prev = done.get(str(i))
         if prev is not None and _bundle_ok(out, prev.get("bundle")):
             rec = StepRecord.from_json(prev)
@@ -1021,76 +1046,86 @@ def run_ladder(
             progress.say(
                 f"step {i}/{n - 1} {rec.variable}: done earlier ({rec.outcome.describe()})"
             )
-            verdict = judge(rec)
+            judge(rec)
             i += 1
             continue
-        first = plan.steps[i]
-        argv, senv = _expand(first, env_src)
-        group = [first]
-        j = i + 1
-        while reuse_server and j < n:
-            nxt = plan.steps[j]
-            if str(j) in done or _expand(nxt, env_src) != (argv, senv):
-                break
-            group.append(nxt)
-            j += 1
-        started_at = datetime.now(UTC).isoformat(timespec="seconds")
-        t0 = time.monotonic()
-        new_records: list[StepRecord] = []
+        i = _run_steps_from(lad, judge, i, records)
+    return _conclude(lad, judge, records, skipped)
 
-        def on_step(
-            step: PlanStep,
-            raw: dict[str, Any],
-            *,
-            _t0: float = t0,
-            _started: str = started_at,
-            _first: int = first.id,
-            _new: list[StepRecord] = new_records,
-        ) -> bool:
-            nonlocal verdict
-            rec = StepRecord(
-                id=step.id,
-                variable=step.variable,
-                outcome=raw["outcome"],
-                bundle=None,
-                shares_server_with=raw.get("shares_server_with"),
-                requests_dir=raw.get("requests_dir"),
-                started_at=_started,
-                seconds=time.monotonic() - _t0,
-                request_summaries=tuple(raw.get("summaries") or ()),
-            )
-            _new.append(rec)
-            progress.say(f"step {step.id}/{n - 1} {step.variable}: {rec.outcome.describe()}")
-            verdict = judge(rec)
-            return verdict is None
 
-        raw_records = runner.run_group(group, argv, senv, on_step, n)
-        interrupted = any(r.get("interrupted") for _, r in raw_records)
-        bundle_rel = _rel(out, raw_records[0][1].get("bundle")) if raw_records else None
-        for rec in new_records:
-            final = StepRecord(
-                id=rec.id,
-                variable=rec.variable,
-                outcome=rec.outcome,
-                bundle=bundle_rel,
-                shares_server_with=rec.shares_server_with,
-                requests_dir=rec.requests_dir,
-                started_at=rec.started_at,
-                seconds=rec.seconds,
-                request_summaries=rec.request_summaries + (
-                    _prefix_checks(out, bundle_rel) if rec.variable in PREFIX_VARIABLES
-                    and rec.shares_server_with is None else ()),
-            )
-            records.append(final)
-            if not interrupted and bundle_rel is not None:
-                done[str(rec.id)] = final.to_json()
-        _save_state(out, state)
-        if interrupted:
-            raise KeyboardInterrupt
-        if not new_records:
-            raise InputError(f"step {i} produced no result; see {out}/step-{i:02d}.console.log")
-        i = new_records[-1].id + 1
+def _run_steps_from(lad: _Ladder, judge: _Judge, i: int, records: list[StepRecord]) -> int:
+    """Run step ``i`` and the request-only steps after it on one server; returns the next step."""
+    plan, n = lad.plan, len(lad.plan.steps)
+    first = plan.steps[i]
+    argv, senv = _expand(first, lad.env)
+    group = [first]
+    j = i + 1
+    while lad.reuse_server and j < n:
+        nxt = plan.steps[j]
+        if str(j) in lad.done or _expand(nxt, lad.env) != (argv, senv):
+            break
+        group.append(nxt)
+        j += 1
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    new_records: list[StepRecord] = []
 
+    def on_step(step: PlanStep, raw: dict[str, Any]) -> bool:
+        rec = StepRecord(
+            id=step.id,
+            variable=step.variable,
+            outcome=raw["outcome"],
+            bundle=None,
+            shares_server_with=raw.get("shares_server_with"),
+            requests_dir=raw.get("requests_dir"),
+            started_at=started_at,
+            seconds=time.monotonic() - t0,
+            request_summaries=tuple(raw.get("summaries") or ()),
+        )
+        new_records.append(rec)
+        lad.progress.say(f"step {step.id}/{n - 1} {step.variable}: {rec.outcome.describe()}")
+        return judge(rec) is None
+
+    raw_records = lad.runner.run_group(group, argv, senv, on_step, n)
+    _keep_records(lad, raw_records, new_records, records)
+    if not new_records:
+        raise InputError(f"step {i} produced no result; see {lad.out}/step-{i:02d}.console.log")
+    return new_records[-1].id + 1
+
+
+def _keep_records(
+    lad: _Ladder,
+    raw_records: Sequence[tuple[PlanStep, dict[str, Any]]],
+    new_records: Sequence[StepRecord],
+    records: list[StepRecord],
+) -> None:
+    """The group's records with their bundle, into ``records`` and (unless interrupted) the
+    state file; an interrupted group raises KeyboardInterrupt once the state is saved."""
+    out = lad.out
+    interrupted = any(r.get("interrupted") for _, r in raw_records)
+    bundle_rel = _rel(out, raw_records[0][1].get("bundle")) if raw_records else None
+    for rec in new_records:
+        final = replace(
+            rec,
+            bundle=bundle_rel,
+            request_summaries=rec.request_summaries + (
+                _prefix_checks(out, bundle_rel) if rec.variable in PREFIX_VARIABLES
+                and rec.shares_server_with is None else ()),
+        )
+        records.append(final)
+        if not interrupted and bundle_rel is not None:
+            lad.done[str(rec.id)] = final.to_json()
+    _save_state(out, lad.state)
+    if interrupted:
+        raise KeyboardInterrupt
+
+
+def _conclude(
+    lad: _Ladder, judge: _Judge, records: list[StepRecord], skipped: list[int]
+) -> LadderResult:
+    """The verdict (stable when no step changed anything), saved in the state file."""
+    n, out, last_stable = len(lad.plan.steps), lad.out, judge.last_stable
+    verdict, message = judge.verdict, judge.message
     if verdict is None:
         verdict = "stable"
         outcome = records[0].outcome.describe()
@@ -1103,14 +1138,14 @@ def run_ladder(
     if verdict == "changed" and last_stable is not None:
         stable_bundle = next((r.bundle for r in records if r.id == last_stable.id), None)
         diff_summary = _bundle_diff(out, stable_bundle, records[-1].bundle)
-    state["result"] = {
+    lad.state["result"] = {
         "verdict": verdict,
         "message": message,
         "changed_step": records[-1].id if verdict == "changed" else None,
         "last_stable_step": last_stable.id if last_stable else None,
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    _save_state(out, state)
+    _save_state(out, lad.state)
     return LadderResult(
         records=tuple(records),
         verdict=verdict,
