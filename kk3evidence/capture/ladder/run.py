@@ -410,12 +410,12 @@ class _Tee:
             self._partial = parts.pop()
             self.lines.extend(parts)
             seen = self._milestones.feed(data, time.monotonic())
-            stage = self._milestones.stage
         if self.passthrough is not None:
             with contextlib.suppress(OSError, ValueError):
                 self.passthrough(data)
-        if seen and stage is not None:
-            self.progress.set_stage(stage)
+        for m in seen:
+            if m.marks != "shutdown":  # a requested shutdown is not a stage
+                self.progress.set_stage(m.stage)
 
     def mark(self) -> int:
         with self.lock:
