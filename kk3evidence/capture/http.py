@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from kk3evidence.handoff import prompts
 from kk3evidence.model import FORMAT_IDS
 
 REQUEST_SCHEMA = FORMAT_IDS["request"]
@@ -339,17 +340,6 @@ def prom_label(text: str | None, metric: str, label: str) -> str | None:
     return None
 
 
-_WORDS = (
-    "the quick brown fox jumps over the lazy dog while the server logs every request and the "
-    "cache keeps each prefix block for the next question about memory tokens and engine workers"
-)
-
-
 def prefix_probe_prompt(block_size: int, max_model_len: int | None, max_tokens: int) -> str:
-    """A deterministic prompt of more than two KV blocks (each word is at least one token)."""
-    words = 2 * block_size + 16
-    if max_model_len:
-        # keep room for the chat template and the answer
-        words = max(block_size + 8, min(words, max_model_len - max_tokens - 64))
-    vocab = _WORDS.split(" ")
-    return " ".join(vocab[i % len(vocab)] for i in range(words))
+    """A deterministic prompt of more than two KV blocks (the one generator: handoff.prompts)."""
+    return prompts.prefix_probe_prompt(block_size, max_model_len, max_tokens)

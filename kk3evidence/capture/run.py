@@ -52,6 +52,7 @@ from kk3evidence.capture.staging import reserve as reserve_staging
 from kk3evidence.capture.watchdog import (
     StallPolicy,
     StopRecord,
+    Watchdog,
     escalate,
     prepare_watchdog,
     start_watchdog,
@@ -60,6 +61,7 @@ from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
 from kk3evidence.model import FORMAT_IDS, STAGES
 
 if TYPE_CHECKING:
+    from kk3evidence.analysis.progress import MilestoneWatcher
     from kk3evidence.bundle.redact import Redactor
 
 LOG_MEMBER = "logs/combined.log"
@@ -490,6 +492,62 @@ def _wait_interruptibly(proc: subprocess.Popen[bytes]) -> int:
             continue
 
 
+# Phases of run_capture, in order: _begin (staging folder, launch.json and notes.json),
+# _open_recording (the log writer), _run_cmd (CMD and the helpers beside it, until it exits),
+# _collect_helpers (join them, fingerprint.json), _record_exit (launch.json's outcome fields),
+# _finish (analysis, last members, the bundle). The small records below carry state between them.
+@dataclass(frozen=True, slots=True)
+class _Hooks:
+    """run_capture's callers' ends: CMD's output sinks, capture's messages, NVML, the progress."""
+
+    out: Callable[[bytes], None]
+    err: Callable[[bytes], None]
+    nvml: Any
+    container_root: str
+    progress: Callable[[str], None] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What :func:`_begin` prepared: the shared state and where the bundle goes."""
+
+    run: _Run
+    output: Path
+    staging: Path
+    created: datetime
+    grp: capture_group.GroupInfo | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Recording:
+    """The log writer and its running totals (seal reads the ledger if capture is killed)."""
+
+    recorder: LineRecorder
+    redact: LogRedactor
+    ledger: Ledger
+
+
+@dataclass(frozen=True, slots=True)
+class _Started:
+    """CMD and what runs beside it until it exits."""
+
+    proc: subprocess.Popen[bytes]
+    pump: Pump
+    fp_thread: threading.Thread
+    scanner: LibraryScanner
+    prober: threading.Thread | None
+    dog: Watchdog | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Ended:
+    """CMD has exited (its group settled, the pump drained)."""
+
+    started: _Started
+    returncode: int
+    ended: datetime
+
+
 def run_capture(
     opts: CaptureOptions,
     *,
@@ -503,6 +561,20 @@ def run_capture(
     """Run ``opts.argv`` and write the bundle. ``out``/``err`` receive CMD's raw output;
     ``say`` receives capture's own one-line messages, ``progress`` the live progress line.
     Returns CMD's exit status."""
+    setup = _begin(opts, say)
+    rec = _open_recording(setup)
+    milestones = prepare_watchdog()
+    hooks = _Hooks(out, err, nvml, container_root, progress)
+    ended = _run_cmd(setup, rec, hooks, milestones)
+    if isinstance(ended, CaptureResult):  # CMD could not be started
+        return ended
+    _collect_helpers(setup.run, rec, ended.started)
+    status = _record_exit(setup.run, ended)
+    return _finish(setup, rec, ended, status)
+
+
+def _begin(opts: CaptureOptions, say: Callable[[str], None]) -> _Setup:
+    """Check the options, create the staging folder and write launch.json and notes.json."""
     argv = list(opts.argv)
     if not argv:
         raise UsageError(
@@ -533,7 +605,19 @@ def run_capture(
     # redacted from the first byte on.
     redactor.env(env, where="environment")
     shown_argv = list(redactor.argv(argv))
-    serve = run.serve = _serve_info(argv)
+    run.serve = _serve_info(argv)
+    run.target = _api_target(run)
+    _first_members(run, created, changes, shown_argv)
+    say(
+        f"capturing into {output} (staging folder {staging}; if capture is killed: "
+        f"kk3evidence seal {staging} -o {output})"
+    )
+    return _Setup(run, output, staging, created, grp)
+
+
+def _api_target(run: _Run) -> probe.ApiTarget | None:
+    """The API to poll and probe: on for a vLLM server command or --url, unless told."""
+    opts, serve = run.opts, run.serve
     # a --headless node of a multi-node launch serves no API: nothing to poll
     headless = serve is not None and serve.flags.get("headless") is True
     want_probe = (
@@ -541,8 +625,14 @@ def run_capture(
         if opts.probe is not None
         else ((serve is not None and not headless) or bool(opts.url))
     )
-    if want_probe:
-        run.target = probe.api_target(argv, env, opts.url)
+    return probe.api_target(run.argv, run.env, opts.url) if want_probe else None
+
+
+def _first_members(
+    run: _Run, created: datetime, changes: Sequence[Change], shown_argv: list[str]
+) -> None:
+    """launch.json and notes.json as they stand before CMD starts (and preflight.json)."""
+    opts, writer = run.opts, run.writer
     launch: dict[str, Any] = run.launch
     launch |= {
         "schema": LAUNCH_SCHEMA,
@@ -567,31 +657,36 @@ def run_capture(
         "changes": [c.to_json() for c in changes],
         "cluster": {"gpu_processes": [], "text": opts.cluster_text},
     }
-    identity.record_port_holder(run.target, launch, say)
+    identity.record_port_holder(run.target, launch, run.say)
     _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
     _safe(run, "notes.json", lambda: writer.write_json("notes.json", notes))
     if opts.preflight:
-        _safe(run, "preflight.json", lambda: _preflight(run, argv, env, shown_argv))
-    say(
-        f"capturing into {output} (staging folder {staging}; if capture is killed: "
-        f"kk3evidence seal {staging} -o {output})"
-    )
+        _safe(run, "preflight.json", lambda: _preflight(run, run.argv, run.env, shown_argv))
 
-    log_stream = writer.open_stream("logs/combined.log")
-    index_stream = writer.open_stream("logs/lines.tsv")
-    ledger = Ledger(staging)  # running totals that seal reads if capture is killed
-    recorder_redact = LogRedactor(redactor, known_secrets(env, argv))
+
+def _open_recording(setup: _Setup) -> _Recording:
+    """The log streams and the line recorder that redacts and writes them."""
+    run = setup.run
+    log_stream = run.writer.open_stream("logs/combined.log")
+    index_stream = run.writer.open_stream("logs/lines.tsv")
+    ledger = Ledger(setup.staging)  # running totals that seal reads if capture is killed
+    recorder_redact = LogRedactor(run.redactor, known_secrets(run.env, run.argv))
     recorder = LineRecorder(
         log_stream,
         index_stream,
         redact=recorder_redact,
-        on_first_loss=say,
+        on_first_loss=run.say,
         ledger=ledger.update,
         counters=ledger.counters,
     )
+    return _Recording(recorder, recorder_redact, ledger)
 
-    milestones = prepare_watchdog()
-    # -- start CMD --------------------------------------------------------------------------
+
+def _run_cmd(
+    setup: _Setup, rec: _Recording, hooks: _Hooks, milestones: MilestoneWatcher
+) -> _Ended | CaptureResult:
+    """Start CMD, wait for it with signals forwarded; a CaptureResult if it could not start."""
+    run = setup.run
     # Hand the GIL over more often than every 5 ms so that the pump thread never waits long
     # behind the log writer (a 1 MiB pipe fills in ~3 ms during a flood).
     old_interval = sys.getswitchinterval()
@@ -604,84 +699,108 @@ def run_capture(
     try:
         try:
             proc = subprocess.Popen(
-                argv,
+                run.argv,
                 stdin=None,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=env,
+                env=run.env,
                 process_group=0,
             )
         except OSError as exc:
-            recorder.close(10)
-            ledger.close()
-            return _finish_unstarted(run, output, staging, exc)
-        run.proc = proc
-        run.pgid = proc.pid
-        run.started_mono = time.monotonic()
-        launch["pid"] = proc.pid
-        assert proc.stdout is not None and proc.stderr is not None
-        # The pid is on disk before any output is recorded: a capture killed at any later
-        # moment leaves a staging folder whose launch.json names CMD's process group.
-        _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
-        pump = Pump((proc.stdout.fileno(), proc.stderr.fileno()), (out, err), recorder)
-        pump.start()
-        if run.early_signals:  # a signal arrived before the group existed
-            run.kill_group(run.early_signals[0])
-
-        fp = run.fp
-        fp_thread = threading.Thread(
-            target=_fingerprint_worker,
-            args=(run, nvml, container_root),
-            name="kk3-fingerprint",
-            daemon=True,
-        )
-        fp_thread.start()
-        scanner = LibraryScanner(proc.pid, interval=opts.scan_interval)
-        scanner.start()
-        prober: threading.Thread | None = None
-        if run.target is not None:
-            prober = threading.Thread(
-                target=_probe_worker,
-                args=(run,),
-                name="kk3-prober",
-                daemon=True,
-            )
-            prober.start()
-        dog = start_watchdog(
-            run,
-            pump,
-            milestones=milestones,
-            log_path=str(staging / LOG_MEMBER),
-            progress=progress,
-            nvml=nvml,
-            stop_run=_stop_run,
-        )
-
-        # -- wait for CMD ---------------------------------------------------------------------
-        returncode = _wait_interruptibly(proc)
-        run.child_exited.set()
-        if dog is not None:
-            dog.close()
-        ended = datetime.now(UTC)
-        _settle_group(run)
-        if not pump.join(opts.grace + 5):
-            # something outside the group still holds the pipes open
-            pump.stop_after(0.5)
-            pump.join(5)
+            rec.recorder.close(10)
+            rec.ledger.close()
+            return _finish_unstarted(run, setup.output, setup.staging, exc)
+        started = _start_helpers(setup, rec, hooks, milestones, proc)
+        return _wait_for_cmd(run, started)
     finally:
         sys.setswitchinterval(old_interval)
         if in_main:
             for signum, handler in old_handlers.items():
                 signal.signal(signum, handler)
+
+
+def _start_helpers(
+    setup: _Setup,
+    rec: _Recording,
+    hooks: _Hooks,
+    milestones: MilestoneWatcher,
+    proc: subprocess.Popen[bytes],
+) -> _Started:
+    """The pump, the fingerprint, the library scanner, the prober and the watchdog."""
+    run, writer, launch = setup.run, setup.run.writer, setup.run.launch
+    run.proc = proc
+    run.pgid = proc.pid
+    run.started_mono = time.monotonic()
+    launch["pid"] = proc.pid
+    assert proc.stdout is not None and proc.stderr is not None
+    # The pid is on disk before any output is recorded: a capture killed at any later
+    # moment leaves a staging folder whose launch.json names CMD's process group.
+    _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
+    pump = Pump((proc.stdout.fileno(), proc.stderr.fileno()), (hooks.out, hooks.err), rec.recorder)
+    pump.start()
+    if run.early_signals:  # a signal arrived before the group existed
+        run.kill_group(run.early_signals[0])
+
+    fp_thread = threading.Thread(
+        target=_fingerprint_worker,
+        args=(run, hooks.nvml, hooks.container_root),
+        name="kk3-fingerprint",
+        daemon=True,
+    )
+    fp_thread.start()
+    scanner = LibraryScanner(proc.pid, interval=run.opts.scan_interval)
+    scanner.start()
+    prober: threading.Thread | None = None
+    if run.target is not None:
+        prober = threading.Thread(
+            target=_probe_worker,
+            args=(run,),
+            name="kk3-prober",
+            daemon=True,
+        )
+        prober.start()
+    dog = start_watchdog(
+        run,
+        pump,
+        milestones=milestones,
+        log_path=str(setup.staging / LOG_MEMBER),
+        progress=hooks.progress,
+        nvml=hooks.nvml,
+        stop_run=_stop_run,
+    )
+    return _Started(proc, pump, fp_thread, scanner, prober, dog)
+
+
+def _wait_for_cmd(run: _Run, started: _Started) -> _Ended:
+    """CMD's exit, then its group's (grace period) and the end of its output."""
+    returncode = _wait_interruptibly(started.proc)
+    run.child_exited.set()
+    if started.dog is not None:
+        started.dog.close()
+    ended = datetime.now(UTC)
+    _settle_group(run)
+    pump = started.pump
+    if not pump.join(run.opts.grace + 5):
+        # something outside the group still holds the pipes open
+        pump.stop_after(0.5)
+        pump.join(5)
+    return _Ended(started, returncode, ended)
+
+
+def _collect_helpers(run: _Run, rec: _Recording, started: _Started) -> None:
+    """Close the pipes and the log, join the helpers, write fingerprint.json."""
+    proc, fp = started.proc, run.fp
     for pipe in (proc.stdout, proc.stderr):
         with contextlib.suppress(OSError):
-            pipe.close()
-    if not recorder.close(600):
+            if pipe is not None:
+                pipe.close()
+    if not rec.recorder.close(600):
         run.problems.append("the log writer did not finish within 600 s")
-    ledger.close()
+    rec.ledger.close()
     run.stop.set()
-    if prober is not None:
-        prober.join(30)
+    if started.prober is not None:
+        started.prober.join(30)
+    scanner = started.scanner
     scanner.stop()
     for lib in scanner.libraries():
         fp.libraries.append(lib.to_json())
@@ -695,12 +814,16 @@ def run_capture(
                 "libraries", False, 0.0, "the process exited before the first scan"
             )
         )
-    fp_thread.join(opts.python_timeout + 10)
+    started.fp_thread.join(run.opts.python_timeout + 10)
+    writer = run.writer
     _safe(run, "fingerprint.json", lambda: writer.write_json("fingerprint.json", fp.to_json()))
-    if fp_thread.is_alive():
+    if started.fp_thread.is_alive():
         writer.add_not_collected("fingerprint (python side)", "probe still running at the end")
 
-    # -- the outcome -------------------------------------------------------------------------
+
+def _record_exit(run: _Run, ended: _Ended) -> int:
+    """launch.json's outcome fields; returns capture's exit status (128+N for signal N)."""
+    launch, returncode = run.launch, ended.returncode
     if returncode < 0:
         launch["signal"] = -returncode
         launch["exit_code"] = None
@@ -709,12 +832,13 @@ def run_capture(
         launch["exit_code"] = returncode
         status = returncode
     launch["exit_status"] = status
-    launch["ended_at"] = ended.isoformat()
+    launch["ended_at"] = ended.ended.isoformat()
     launch["interrupted_by"] = run.interrupted_by
     if run.stopped_by:
         launch["stopped_by"] = run.stopped_by
     if run.stop_record is not None:
         launch["stop"] = run.stop_record.to_json()
+    dog = ended.started.dog
     if dog is not None and dog.snapshots:
         launch["stalls"] = list(dog.snapshots)
     rd = run.readiness
@@ -725,13 +849,20 @@ def run_capture(
             launch["ready_error"] = rd.error
     elif run.target is not None:
         launch["ready_error"] = "api_ready not reached: not polled"
-    if pump.sink_errors:
-        launch["passthrough_errors"] = pump.sink_errors
+    if ended.started.pump.sink_errors:
+        launch["passthrough_errors"] = ended.started.pump.sink_errors
+    return status
 
-    ray_logs = raylogs.capture_hook(writer, recorder_redact, argv, env, created.timestamp())
+
+def _finish(setup: _Setup, rec: _Recording, ended: _Ended, status: int) -> CaptureResult:
+    """Analyze the log, write the last members and turn the staging folder into the bundle."""
+    run, writer, launch = setup.run, setup.run.writer, setup.run.launch
+    ray_logs = raylogs.capture_hook(
+        writer, rec.redact, run.argv, run.env, setup.created.timestamp()
+    )
     analysis_json: dict[str, Any] | None = None
-    if opts.analyze:
-        analysis_json = _analyze(run, writer, staging)
+    if run.opts.analyze:
+        analysis_json = _analyze(run, writer, setup.staging)
     if analysis_json is not None and ray_logs:
         analysis_json["extra_logs"] = raylogs.analyse_extra(ray_logs)
         _safe(run, "analysis.json", lambda: writer.write_json("analysis.json", analysis_json))
@@ -744,16 +875,18 @@ def run_capture(
             lambda: writer.write_json("probes/prefix_probe.json", run.prefix),
         )
     _safe(run, "launch.json", lambda: writer.write_json("launch.json", launch))
-    for loss in recorder.losses:
+    for loss in rec.recorder.losses:
         _record_loss(writer, loss.to_json())
 
+    grp = setup.grp
     if grp is not None:
         _safe(
             run,
             "manifest group",
             lambda: writer.set_group(capture_group.with_end_sample(grp).to_json()),
         )
-    summary = _summary(run, launch, analysis_json, recorder.lines_written)
+    summary = _summary(run, launch, analysis_json, rec.recorder.lines_written)
+    output, staging = setup.output, setup.staging
     bundle: Path | None = None
     try:
         bundle = Path(writer.finalize(output))
@@ -1070,15 +1203,9 @@ def _block_size(
 def _prefix_probe(
     run: _Run, http: _Http, rd: probe.Readiness, before: str | None
 ) -> dict[str, Any]:
-    opts, writer, serve, fp = run.opts, run.writer, run.serve, run.fp
-    client, target, headers, shown, auth = (
-        http.client,
-        http.target,
-        http.headers,
-        http.shown,
-        http.auth,
-    )
-    block, block_source = _block_size(serve, opts, before, fp)
+    """The same prompt of more than two KV blocks twice, /metrics around each: does the
+    second one hit the prefix cache? (probes/prefix_probe.json)"""
+    block, block_source = _block_size(run.serve, run.opts, before, run.fp)
     max_tokens = 16
     prompt = probe.prefix_probe_prompt(block, rd.max_model_len, max_tokens)
     body = {
@@ -1087,20 +1214,47 @@ def _prefix_probe(
         "max_tokens": max_tokens,
         "temperature": 0,
     }
-    url = target.base_url + "/v1/chat/completions"
+    enabled = _prefix_enabled(run.serve, before)
+    recs, snaps = _send_prefix_pair(run, http, body, before)
+    deltas = _prefix_deltas(snaps)
+    prompt_tokens = [((r.get("usage") or {}).get("prompt_tokens")) for r in recs]
+    return {
+        "schema": PREFIX_PROBE_SCHEMA,
+        "block_size": block,
+        "block_size_source": block_source,
+        "prefix_caching_enabled": enabled,
+        "prompt_words": len(prompt.split()),
+        "prompt_tokens": prompt_tokens,
+        "exceeds_one_block": (
+            None if not isinstance(prompt_tokens[0], int) else prompt_tokens[0] > block
+        ),
+        "deltas": deltas,
+        "cached_tokens": [r.get("cached_tokens") for r in recs],
+        "checks": _prefix_check_list(run, recs, deltas, enabled, prompt_tokens),
+    }
+
+
+def _prefix_enabled(serve: Any, before: str | None) -> bool | None:
+    """Is prefix caching on: /metrics' cache_config_info first, else the command's flag."""
     enabled_label = probe.prom_label(before, "vllm:cache_config_info", "enable_prefix_caching")
-    enabled: bool | None
     if enabled_label is not None:
-        enabled = enabled_label == "True"
-    elif serve is not None:
+        return enabled_label == "True"
+    if serve is not None:
         v = serve.get("enable-prefix-caching")
-        enabled = None if v is None else bool(v)
-    else:
-        enabled = None
+        return None if v is None else bool(v)
+    return None
+
+
+def _send_prefix_pair(
+    run: _Run, http: _Http, body: Mapping[str, Any], before: str | None
+) -> tuple[list[dict[str, Any]], list[str | None]]:
+    """Send ``body`` twice; returns the two records and the three /metrics snapshots."""
+    client, target, auth = http.client, http.target, http.auth
+    url = target.base_url + "/v1/chat/completions"
     # The first delta starts now, after the fixed request: a snapshot from before it would count
     # the fixed request's prompt in the probe's first request.
     start, merr = probe.fetch_metrics(client, target, auth)
-    _save_metrics(run, writer, "before-prefix-1", start, merr)
+    _save_metrics(run, run.writer, "before-prefix-1", start, merr)
     snaps: list[str | None] = [start if start is not None else before]
     recs: list[dict[str, Any]] = []
     for i in (1, 2):
@@ -1111,17 +1265,22 @@ def _prefix_probe(
             kind="prefix_probe",
             url=url,
             body=body,
-            headers=headers,
-            shown_headers=shown,
-            timeout=opts.request_timeout,
+            headers=http.headers,
+            shown_headers=http.shown,
+            timeout=run.opts.request_timeout,
         )
         recs.append(rec)
         run.requests.append(rec)
         _save_request(run, rec)
         text, merr = probe.fetch_metrics(client, target, auth)
-        _save_metrics(run, writer, f"after-{name}", text, merr)
+        _save_metrics(run, run.writer, f"after-{name}", text, merr)
         snaps.append(text)
         run.say(_request_line(rec))
+    return recs, snaps
+
+
+def _prefix_deltas(snaps: Sequence[str | None]) -> dict[str, dict[str, float | None]]:
+    """Growth of the prefix-cache query and hit counters over each of the two requests."""
 
     def delta(metric: str, a: int, b: int) -> float | None:
         x, y = probe.prom_value(snaps[a], metric), probe.prom_value(snaps[b], metric)
@@ -1129,11 +1288,20 @@ def _prefix_probe(
 
     q = "vllm:prefix_cache_queries_total"
     h = "vllm:prefix_cache_hits_total"
-    deltas = {
+    return {
         "request_1": {"queries": delta(q, 0, 1), "hits": delta(h, 0, 1)},
         "request_2": {"queries": delta(q, 1, 2), "hits": delta(h, 1, 2)},
     }
-    prompt_tokens = [((r.get("usage") or {}).get("prompt_tokens")) for r in recs]
+
+
+def _prefix_check_list(
+    run: _Run,
+    recs: Sequence[Mapping[str, Any]],
+    deltas: Mapping[str, Mapping[str, float | None]],
+    enabled: bool | None,
+    prompt_tokens: list[Any],
+) -> list[dict[str, Any]]:
+    """The four prefix checks; the third is decided after the run (_finish_prefix_checks)."""
     hits2 = deltas["request_2"]["hits"]
     cached2 = recs[1].get("cached_tokens")
     if hits2 is not None:
@@ -1162,45 +1330,32 @@ def _prefix_probe(
             "the fixed request did not succeed with caching on; compare with a run "
             "without --enable-prefix-caching (kk3evidence diff)",
         )
-    return {
-        "schema": PREFIX_PROBE_SCHEMA,
-        "block_size": block,
-        "block_size_source": block_source,
-        "prefix_caching_enabled": enabled,
-        "prompt_words": len(prompt.split()),
-        "prompt_tokens": prompt_tokens,
-        "exceeds_one_block": (
-            None if not isinstance(prompt_tokens[0], int) else prompt_tokens[0] > block
-        ),
-        "deltas": deltas,
-        "cached_tokens": [r.get("cached_tokens") for r in recs],
-        "checks": [
-            {
-                "id": "second_request_hits_cache",
-                "question": "Does the 2nd identical request show cache hits?",
-                "status": c1[0],
-                "evidence": c1[1],
-            },
-            {
-                "id": "inputs_identical",
-                "question": "Are the 1st and 2nd requests' inputs really identical?",
-                "status": c2[0],
-                "evidence": c2[1],
-            },
-            {
-                "id": "no_memory_error_after_enable",
-                "question": "Is there no memory-allocation error right after enabling the cache?",
-                "status": "unknown",
-                "evidence": "decided after the run from the analysis",
-            },
-            {
-                "id": "request_ok_with_cache",
-                "question": "Does a request that worked without the cache work with it?",
-                "status": c4[0],
-                "evidence": c4[1],
-            },
-        ],
-    }
+    return [
+        {
+            "id": "second_request_hits_cache",
+            "question": "Does the 2nd identical request show cache hits?",
+            "status": c1[0],
+            "evidence": c1[1],
+        },
+        {
+            "id": "inputs_identical",
+            "question": "Are the 1st and 2nd requests' inputs really identical?",
+            "status": c2[0],
+            "evidence": c2[1],
+        },
+        {
+            "id": "no_memory_error_after_enable",
+            "question": "Is there no memory-allocation error right after enabling the cache?",
+            "status": "unknown",
+            "evidence": "decided after the run from the analysis",
+        },
+        {
+            "id": "request_ok_with_cache",
+            "question": "Does a request that worked without the cache work with it?",
+            "status": c4[0],
+            "evidence": c4[1],
+        },
+    ]
 
 
 def _finish_prefix_checks(prefix: dict[str, Any], analysis: Mapping[str, Any] | None) -> None:

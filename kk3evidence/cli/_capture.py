@@ -10,7 +10,12 @@ import click
 
 from kk3evidence.capture.attach import AttachOptions, run_attach
 from kk3evidence.capture.progress import ProgressLine
-from kk3evidence.capture.run import CaptureOptions, main_passthrough_sinks, run_capture
+from kk3evidence.capture.run import (
+    CaptureOptions,
+    CaptureResult,
+    main_passthrough_sinks,
+    run_capture,
+)
 from kk3evidence.capture.watchdog import (
     DEFAULT_STAGE_BUDGETS,
     DEFAULT_STALL_AFTER,
@@ -265,22 +270,8 @@ def command(
     with per-line receive times, readiness, the fixed request and /metrics, notes, and
     the analysis. Secrets are redacted before anything is written.
     """
-    if attach_pid is None and not cmd:
-        raise UsageError("capture: give -- CMD... to run, or --attach PID for a running server")
-    if attach_pid is not None and cmd:
-        raise UsageError("capture: --attach PID takes no CMD (the server is already running)")
-    if attach_log is not None and attach_pid is None:
-        raise UsageError("capture: --log is for --attach; a started CMD's output is captured")
-    default, per_stage = parse_stall_after(stall_after)
-    budgets = dict(DEFAULT_STAGE_BUDGETS) if default is None else {}
-    budgets.update(per_stage)
-    policy = StallPolicy(
-        stall_after=DEFAULT_STALL_AFTER if default is None else default,
-        per_stage=budgets,
-        action=stall_action,
-        ready_timeout=ready_timeout,
-        grace=grace,
-    )
+    _check_modes(attach_pid, attach_log, cmd)
+    policy = _stall_policy(stall_after, stall_action, ready_timeout, grace)
     opts = CaptureOptions(
         argv=cmd,
         output=output,
@@ -313,15 +304,46 @@ def command(
             AttachOptions(attach_pid, opts, log=attach_log, follow=follow), say=_say
         )
     else:
-        out, err = main_passthrough_sinks()
-        line = None if quiet else ProgressLine()
-        if line is not None:
-            out, err = line.wrap(out), line.wrap(err)
-        result = run_capture(
-            opts, out=out, err=err, say=_say_over(line), progress=line.show if line else None
-        )
+        result = _run_cmd(opts, quiet)
     for problem in result.problems:
         _say(f"warning: {problem}")
     where = f"bundle {result.bundle}" if result.bundle else f"staging folder {result.staging}"
     _say(f"{where}: {result.summary}")
     sys.exit(result.exit_status)
+
+
+def _check_modes(attach_pid: int | None, attach_log: str | None, cmd: tuple[str, ...]) -> None:
+    """Either CMD or --attach PID; --log only with --attach."""
+    if attach_pid is None and not cmd:
+        raise UsageError("capture: give -- CMD... to run, or --attach PID for a running server")
+    if attach_pid is not None and cmd:
+        raise UsageError("capture: --attach PID takes no CMD (the server is already running)")
+    if attach_log is not None and attach_pid is None:
+        raise UsageError("capture: --log is for --attach; a started CMD's output is captured")
+
+
+def _stall_policy(
+    stall_after: tuple[str, ...], stall_action: str, ready_timeout: float | None, grace: float
+) -> StallPolicy:
+    """--stall-after/--stall-action/--ready-timeout as the watchdog's policy."""
+    default, per_stage = parse_stall_after(stall_after)
+    budgets = dict(DEFAULT_STAGE_BUDGETS) if default is None else {}
+    budgets.update(per_stage)
+    return StallPolicy(
+        stall_after=DEFAULT_STALL_AFTER if default is None else default,
+        per_stage=budgets,
+        action=stall_action,
+        ready_timeout=ready_timeout,
+        grace=grace,
+    )
+
+
+def _run_cmd(opts: CaptureOptions, quiet: bool) -> CaptureResult:
+    """Start CMD with its output passed through (under the progress line unless --quiet)."""
+    out, err = main_passthrough_sinks()
+    line = None if quiet else ProgressLine()
+    if line is not None:
+        out, err = line.wrap(out), line.wrap(err)
+    return run_capture(
+        opts, out=out, err=err, say=_say_over(line), progress=line.show if line else None
+    )

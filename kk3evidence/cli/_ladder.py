@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import click
 
-from kk3evidence.capture.ladder.run import LadderResult, Plan, Progress, load_plan, run_ladder
+from kk3evidence.capture.ladder.run import LadderResult, Plan, load_plan, run_ladder
 from kk3evidence.errors import EXIT_OK
 
 from ._common import die, echo_json, handle_errors
@@ -24,6 +28,82 @@ Examples:
 Exit codes: 0 every step keeps the baseline's outcome, 3 a step changed the outcome (or the
 baseline itself fails), 2 usage, 4 invalid plan, 130 interrupted (run again to resume).
 """
+
+
+class Progress:
+    """The ladder's display (:class:`LadderEvents`): one status line on stderr, rewritten in
+    place on a terminal, one line per event else; ``--verbose`` passes the servers' output on."""
+
+    def __init__(self, stream: Any = None, *, enabled: bool = True) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.lock = threading.Lock()
+        self.prefix = ""
+        self.stage = ""
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def begin(self, prefix: str) -> None:
+        with self.lock:
+            self.prefix = prefix
+            self.stage = "starting"
+            self.started = time.monotonic()
+        self._line(force=True)
+        if self.tty and self.enabled and self._ticker is None:
+            self._stop.clear()
+            self._ticker = threading.Thread(target=self._tick, name="kk3-ladder-progress")
+            self._ticker.daemon = True
+            self._ticker.start()
+
+    def set_stage(self, stage: str) -> None:
+        with self.lock:
+            changed = stage != self.stage
+            self.stage = stage
+        if changed:
+            self._line(force=not self.tty)
+
+    def say(self, text: str) -> None:
+        if not self.enabled:
+            return
+        with self.lock:
+            if self.tty:
+                self.stream.write("\r\x1b[2K")
+            self.stream.write(f"kk3evidence ladder: {text}\n")
+            self.stream.flush()
+
+    def end(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(2)
+            self._ticker = None
+        if self.enabled and self.tty:
+            with self.lock:
+                self.stream.write("\r\x1b[2K")
+                self.stream.flush()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            self._line(force=True)
+
+    def _line(self, force: bool) -> None:
+        if not self.enabled or not force:
+            return
+        with self.lock:
+            secs = time.monotonic() - self.started
+            text = f"{self.prefix} · {self.stage} · {secs:.0f} s"
+            if self.tty:
+                self.stream.write("\r\x1b[2K" + text[:200])
+            else:
+                self.stream.write(f"kk3evidence ladder: {text}\n")
+            self.stream.flush()
+
+    def server_output(self, data: bytes) -> None:
+        # shown with --verbose even when --quiet turns the status line off
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.buffer.write(data)
+            sys.stderr.buffer.flush()
 
 
 def _print_plan(plan: Plan) -> None:

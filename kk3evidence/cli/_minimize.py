@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 
 from kk3evidence.capture.vllm_env import installed_arg_table
 from kk3evidence.errors import InputError, UsageError
 from kk3evidence.handoff.minimize import (
+    Minimized,
     PlanOptions,
     build_plan,
     minimize,
@@ -117,24 +120,8 @@ def command(  # noqa: PLR0917 - click passes options by keyword
 
     Exit 0 on success, 2 on usage errors, 4 when the command is not a vLLM serve command.
     """
-    if command_file and cmd:
-        raise UsageError("give the command either after -- or with --file, not both")
-    argv = _read_command_file(command_file) if command_file else list(cmd)
-    if not argv:
-        raise UsageError(
-            "no command given; usage: kk3evidence minimize [OPTIONS] -- vllm serve ..."
-        )
-    table: ArgTable
-    if table_file:
-        try:
-            obj = json.loads(Path(table_file).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{table_file}: cannot read the argument table ({exc})") from None
-        table = ArgTable.from_json(obj, source=table_file)
-    elif from_installed or vllm_python:
-        table = installed_arg_table(argv, vllm_python)
-    else:
-        table = load_arg_table()
+    argv = _command_argv(command_file, cmd)
+    table = _arg_table(argv, table_file, from_installed, vllm_python)
     mini = minimize(argv, table=table)
     plan = build_plan(
         mini,
@@ -145,19 +132,53 @@ def command(  # noqa: PLR0917 - click passes options by keyword
             model_context=model_context(str(mini.source.model) if mini.source.model else None),
         ),
     )
-    wrote: str | None = None
-    if not no_plan:
-        out = Path(plan_path)
-        if out.exists() and not force:
-            raise UsageError(f"{out} exists; pass --force to overwrite it or -o another file")
-        try:
-            out.write_text(plan_to_toml(plan), encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot write {out} ({exc.strerror})") from None
-        wrote = str(out)
+    wrote = None if no_plan else _write_plan(plan, Path(plan_path), force)
     if as_json:
         echo_json({**mini.to_json(), "plan_file": wrote, "plan": plan})
         return
+    _print_minimal(mini, table)
+    _print_plan(plan, wrote)
+
+
+def _command_argv(command_file: str | None, cmd: tuple[str, ...]) -> list[str]:
+    """The command after -- or from --file (one of them)."""
+    if command_file and cmd:
+        raise UsageError("give the command either after -- or with --file, not both")
+    argv = _read_command_file(command_file) if command_file else list(cmd)
+    if not argv:
+        raise UsageError(
+            "no command given; usage: kk3evidence minimize [OPTIONS] -- vllm serve ..."
+        )
+    return argv
+
+
+def _arg_table(
+    argv: list[str], table_file: str | None, from_installed: bool, vllm_python: str | None
+) -> ArgTable:
+    """--table, else the installed vLLM's (--from-installed/--vllm-python), else the shipped one."""
+    if table_file:
+        try:
+            obj = json.loads(Path(table_file).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{table_file}: cannot read the argument table ({exc})") from None
+        return ArgTable.from_json(obj, source=table_file)
+    if from_installed or vllm_python:
+        return installed_arg_table(argv, vllm_python)
+    return load_arg_table()
+
+
+def _write_plan(plan: Mapping[str, Any], out: Path, force: bool) -> str:
+    if out.exists() and not force:
+        raise UsageError(f"{out} exists; pass --force to overwrite it or -o another file")
+    try:
+        out.write_text(plan_to_toml(plan), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {out} ({exc.strerror})") from None
+    return str(out)
+
+
+def _print_minimal(mini: Minimized, table: ArgTable) -> None:
+    """The minimal command, what was kept and what was removed, and why."""
     click.echo(f"vLLM arguments from: {mini.table_source} (vLLM {table.vllm_version})")
     click.echo("")
     click.echo("Minimal start command:")
@@ -179,6 +200,10 @@ def command(  # noqa: PLR0917 - click passes options by keyword
         click.echo("")
         click.echo("Tokens vLLM would not understand: " + " ".join(mini.source.unknown))
     click.echo("")
+
+
+def _print_plan(plan: Mapping[str, Any], wrote: str | None) -> None:
+    """One line per ladder step, then what the plan needs and where it was written."""
     steps = plan["step"]
     click.echo(f"Ladder plan ({len(steps)} steps, one variable each):")
     for s in steps:

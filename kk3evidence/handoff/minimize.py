@@ -27,6 +27,7 @@ from kk3evidence import _resources
 from kk3evidence._version import __version__
 from kk3evidence.bundle.schema import load_toml
 from kk3evidence.errors import InputError
+from kk3evidence.handoff import prompts
 from kk3evidence.model import FORMAT_IDS
 from kk3evidence.vllm_args import (
     ArgTable,
@@ -528,9 +529,8 @@ def build_plan(
     #    step on the baseline server), then the flag alone with that same request
     default_on = current.get(PREFIX_FLAG) is False and src.get(PREFIX_FLAG) is None
     if "prefix-caching" in by_var or default_on:
-        probe = max(2 * block + 16, opts.prefix_probe_tokens)
-        if ctx:
-            probe = max(block + 8, min(probe, ctx - req.max_tokens - PROMPT_MARGIN))
+        probe = prompts.prefix_probe_words(block, ctx, req.max_tokens,
+                                           at_least=opts.prefix_probe_tokens, margin=PROMPT_MARGIN)
         req = replace(req, input_tokens=probe, repeat=2)
         add(
             "prefix-probe",

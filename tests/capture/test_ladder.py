@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kk3evidence.capture.ladder.run import Progress, load_plan, parse_plan, request_body, run_ladder
+from kk3evidence.capture.ladder.run import (
+    NoProgress,
+    load_plan,
+    parse_plan,
+    request_body,
+    run_ladder,
+)
 from kk3evidence.cli import main
 from kk3evidence.errors import InputError, UsageError
 from kk3evidence.handoff.minimize import (
@@ -128,7 +134,7 @@ def write_plan(path: Path, *steps: str) -> Path:
     return path
 
 
-QUIET = Progress(enabled=False)
+QUIET = NoProgress()
 
 
 # ---- plan loading -------------------------------------------------------------------------

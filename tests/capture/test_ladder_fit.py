@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from progs.helpers import PY, free_port, prog
 
 from kk3evidence.capture.ladder.fit import fit_prompt
-from kk3evidence.capture.ladder.run import Progress, load_plan, run_ladder
+from kk3evidence.capture.ladder.run import NoProgress, load_plan, run_ladder
 from kk3evidence.cli import main
 from kk3evidence.errors import InputError
 
@@ -66,7 +66,7 @@ def test_a_long_step_fits_a_small_context_on_a_real_server(tmp_path: Path) -> No
                  _step(0, "baseline", server, "baseline", max_tokens=4),
                  _step(1, "input_tokens", server, "request", max_tokens=4, input_tokens=55))
     out = tmp_path / "run"
-    result = run_ladder(load_plan(plan), out, progress=Progress(enabled=False))
+    result = run_ladder(load_plan(plan), out, progress=NoProgress())
     assert [r.outcome.requests for r in result.records] == [("HTTP 2xx",), ("HTTP 2xx",)]
     fit = json.loads((out / "step-01" / "fit.json").read_text())
     # 55 words + 4 fit the 64-token context on paper; the template's 10 tokens do not
@@ -100,7 +100,7 @@ def test_the_prefix_step_records_the_four_prefix_checks(tmp_path: Path) -> None:
                  _step(1, "prefix-caching", [*server, "--enable-prefix-caching"], "argv",
                        max_tokens=4))
     out = tmp_path / "run"
-    result = run_ladder(load_plan(plan), out, progress=Progress(enabled=False))
+    result = run_ladder(load_plan(plan), out, progress=NoProgress())
     prefix = result.records[1]
     checks = [s for s in prefix.request_summaries if s.startswith("prefix check ")]
     assert len(checks) == 4, prefix.request_summaries

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kk3evidence.capture.ladder.run import Progress, load_plan, run_ladder
+from kk3evidence.capture.ladder.run import NoProgress, load_plan, run_ladder
 
 REPO = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI") == "true"
@@ -113,7 +113,7 @@ def test_ladder_names_the_longer_input_step_on_real_vllm(
     )  # fmt: skip
     out = tmp_path / "run"
     with vllm_lock():
-        result = run_ladder(load_plan(plan), out, progress=Progress(enabled=False))
+        result = run_ladder(load_plan(plan), out, progress=NoProgress())
     assert result.verdict == "changed", result.message
     assert result.changed == 2 and result.last_stable == 1
     assert result.message.startswith("step 2 (variable input_tokens: 64 → ~600 tokens)")
@@ -168,7 +168,7 @@ def test_ladder_names_the_kv_capacity_step_on_real_vllm(
         env,
     )  # fmt: skip
     with vllm_lock():
-        result = run_ladder(load_plan(plan), tmp_path / "run", progress=Progress(enabled=False))
+        result = run_ladder(load_plan(plan), tmp_path / "run", progress=NoProgress())
     assert result.verdict == "changed", result.message
     assert result.changed == 1 and result.last_stable == 0
     bad = result.records[1].outcome

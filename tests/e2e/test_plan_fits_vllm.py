@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from kk3evidence.bundle.archive import open_bundle
-from kk3evidence.capture.ladder.run import Progress, parse_plan, run_ladder
+from kk3evidence.capture.ladder.run import NoProgress, parse_plan, run_ladder
 from kk3evidence.handoff.minimize import PlanOptions, build_plan, minimize, plan_to_toml
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -43,7 +43,7 @@ def test_generated_plan_fits_the_context_on_real_vllm(
     out = tmp_path / "run"
     with vllm_tools.lock():
         result = run_ladder(parse_plan(path.read_bytes(), str(path)), out,
-                            progress=Progress(enabled=False), environ={**os.environ, **env})
+                            progress=NoProgress(), environ={**os.environ, **env})
     assert result.verdict == "stable", result.message
     assert all(r.outcome.healthy for r in result.records), [r.to_json() for r in result.records]
     by_var = {r.variable: r for r in result.records}

@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,21 +33,29 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from kk3evidence.analysis.engine import analyze
+from kk3evidence.analysis.progress import MilestoneWatcher
 from kk3evidence.bundle.archive import validate
 from kk3evidence.bundle.schema import load_toml
 from kk3evidence.capture import identity
 from kk3evidence.capture.ladder.fit import Fit, count_tokens, fit_prompt
 from kk3evidence.errors import InputError, Kk3Error, UsageError
+from kk3evidence.handoff import prompts
 from kk3evidence.handoff.diff import diff
 from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec, step_variables
 from kk3evidence.model import FORMAT_IDS
 
+if TYPE_CHECKING:
+    from kk3evidence.capture.http import ApiTarget
+    from kk3evidence.capture.run import CaptureOptions, CaptureResult
+
 __all__ = [
     "LADDER_STATE_SCHEMA",
+    "LadderEvents",
     "LadderResult",
+    "NoProgress",
     "Outcome",
     "Plan",
     "StepRecord",
@@ -59,41 +66,6 @@ __all__ = [
 
 LADDER_STATE_SCHEMA = FORMAT_IDS["ladder-state"]
 STATE_FILE = "ladder-state.json"
-
-_WORDS = (
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "the",
-    "lazy",
-    "dog",
-    "while",
-    "the",
-    "server",
-    "logs",
-    "every",
-    "request",
-    "and",
-    "the",
-    "cache",
-    "keeps",
-    "each",
-    "prefix",
-    "block",
-    "for",
-    "the",
-    "next",
-    "question",
-    "about",
-    "memory",
-    "tokens",
-    "and",
-    "engine",
-    "workers",
-)
 
 WEATHER_TOOL = {
     "type": "function",
@@ -198,10 +170,7 @@ def expand_env_refs(text: str, env: Mapping[str, str], where: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def long_prompt(tokens: int) -> str:
-    """A deterministic prompt of about ``tokens`` tokens (common words, about one token each)."""
-    words = " ".join(_WORDS[i % len(_WORDS)] for i in range(max(1, tokens)))
-    return words + "\nSummarize the text above in one sentence."
+long_prompt = prompts.long_prompt  # the one generator (handoff.prompts); kept as a name here
 
 
 def request_body(spec: RequestSpec, model: str | None) -> dict[str, Any]:
@@ -370,85 +339,41 @@ class LadderResult:
 # Progress
 # --------------------------------------------------------------------------------------------
 
-_STAGE_MARKERS: tuple[tuple[bytes, str], ...] = (
-    (b"Application startup complete", "api_ready"),
-    (b"Starting vLLM API server", "api_ready"),
-    (b"Available KV cache memory", "engine_init"),
-    (b"init engine", "engine_init"),
-    (b"Loading weights took", "weights_access"),
-    (b"Starting to load model", "weights_access"),
-    (b"world_size=", "comm_group"),
-    (b"Automatically detected platform", "device_discovery"),
-)
+class LadderEvents(Protocol):
+    """What the ladder reports while it runs; the CLI draws it (cli/_ladder.py), tests ignore it.
+
+    ``begin`` when a server starts for a group of steps, ``set_stage`` as its start-up or the
+    steps move on, ``say`` for one-line events, ``end`` when the server is gone."""
+
+    def begin(self, prefix: str) -> None: ...
+
+    def set_stage(self, stage: str) -> None: ...
+
+    def say(self, text: str) -> None: ...
+
+    def end(self) -> None: ...
+
+    def server_output(self, data: bytes) -> None:
+        """The server's raw output, with ``verbose`` only (the CLI passes it on to stderr)."""
 
 
-class Progress:
-    """One status line on stderr (rewritten in place on a terminal, one line per event else)."""
-
-    def __init__(self, stream: Any = None, *, enabled: bool = True) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.lock = threading.Lock()
-        self.prefix = ""
-        self.stage = ""
-        self.started = time.monotonic()
-        self._stop = threading.Event()
-        self._ticker: threading.Thread | None = None
+class NoProgress:
+    """:class:`LadderEvents` that shows nothing (library use, tests, ``--quiet``)."""
 
     def begin(self, prefix: str) -> None:
-        with self.lock:
-            self.prefix = prefix
-            self.stage = "starting"
-            self.started = time.monotonic()
-        self._line(force=True)
-        if self.tty and self.enabled and self._ticker is None:
-            self._stop.clear()
-            self._ticker = threading.Thread(target=self._tick, name="kk3-ladder-progress")
-            self._ticker.daemon = True
-            self._ticker.start()
+        pass
 
     def set_stage(self, stage: str) -> None:
-        with self.lock:
-            changed = stage != self.stage
-            self.stage = stage
-        if changed:
-            self._line(force=not self.tty)
+        pass
 
     def say(self, text: str) -> None:
-        if not self.enabled:
-            return
-        with self.lock:
-            if self.tty:
-                self.stream.write("\r\x1b[2K")
-            self.stream.write(f"kk3evidence ladder: {text}\n")
-            self.stream.flush()
+        pass
 
     def end(self) -> None:
-        self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join(2)
-            self._ticker = None
-        if self.enabled and self.tty:
-            with self.lock:
-                self.stream.write("\r\x1b[2K")
-                self.stream.flush()
+        pass
 
-    def _tick(self) -> None:
-        while not self._stop.wait(1.0):
-            self._line(force=True)
-
-    def _line(self, force: bool) -> None:
-        if not self.enabled or not force:
-            return
-        with self.lock:
-            secs = time.monotonic() - self.started
-            text = f"{self.prefix} · {self.stage} · {secs:.0f} s"
-            if self.tty:
-                self.stream.write("\r\x1b[2K" + text[:200])
-            else:
-                self.stream.write(f"kk3evidence ladder: {text}\n")
-            self.stream.flush()
+    def server_output(self, data: bytes) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -460,13 +385,20 @@ class _Tee:
     """Receives the server's raw output: keeps the lines (for per-step windows), writes a
     console copy, and feeds the progress display."""
 
-    def __init__(self, console: Any, progress: Progress, passthrough: Any = None) -> None:
+    def __init__(
+        self,
+        console: Any,
+        progress: LadderEvents,
+        passthrough: Callable[[bytes], None] | None = None,
+    ) -> None:
         self.console = console
         self.progress = progress
         self.passthrough = passthrough
         self.lock = threading.Lock()
         self.lines: list[bytes] = []
         self._partial = b""
+        # the analysis milestone rules (rules/milestones.toml), as capture's watchdog uses them
+        self._milestones = MilestoneWatcher()
 
     def __call__(self, data: bytes) -> None:
         with self.lock:
@@ -477,14 +409,13 @@ class _Tee:
             parts = chunk.split(b"\n")
             self._partial = parts.pop()
             self.lines.extend(parts)
+            seen = self._milestones.feed(data, time.monotonic())
         if self.passthrough is not None:
             with contextlib.suppress(OSError, ValueError):
-                self.passthrough.write(data)
-                self.passthrough.flush()
-        for marker, stage in _STAGE_MARKERS:
-            if marker in data:
-                self.progress.set_stage(stage)
-                break
+                self.passthrough(data)
+        for m in seen:
+            if m.marks != "shutdown":  # a requested shutdown is not a stage
+                self.progress.set_stage(m.stage)
 
     def mark(self) -> int:
         with self.lock:
@@ -523,6 +454,7 @@ class _GroupRun:
     staging: Path
     tee: _Tee
     capture_requests: int  # how many requests capture itself sends (the first step's)
+    request_file: Path | None = None  # the first step's request, for capture --request
     seen_requests: list[tuple[str, int | None]] = field(default_factory=list)
     requests_done: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
@@ -533,13 +465,23 @@ class _GroupRun:
     user_interrupted: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class _Api:
+    """The step server's API once it answers: where, what to send, what to record."""
+
+    target: ApiTarget
+    headers: Mapping[str, str]
+    shown: Mapping[str, str]
+    served_model: str | None
+
+
 class CaptureRunner:
     """Runs a group of steps that share one command through :func:`capture.run_capture`."""
 
     def __init__(
         self,
         out_dir: Path,
-        progress: Progress,
+        progress: LadderEvents,
         *,
         ready_timeout: float = 1800.0,
         request_timeout: float = 600.0,
@@ -559,8 +501,35 @@ class CaptureRunner:
         on_step: Callable[[PlanStep, dict[str, Any]], bool],
         total: int,
     ) -> list[tuple[PlanStep, dict[str, Any]]]:
+        """Start the steps' server through capture, drive their requests from a thread, and
+        return one raw record per step that ran."""
         from kk3evidence.capture import run as capture
 
+        group, console = self._new_group(steps, argv, env)
+        opts = self._capture_options(group, total)
+        ids = ", ".join(str(s.id) for s in steps)
+        self.progress.begin(f"step {ids}/{total - 1} {steps[0].variable}")
+        driver = threading.Thread(
+            target=self._drive, args=(group, on_step), name="kk3-ladder-driver", daemon=True
+        )
+        driver.start()
+        try:
+            result = capture.run_capture(
+                opts, out=group.tee, err=group.tee, say=self._capture_say(group)
+            )
+        finally:
+            group.finished.set()
+            group.requests_done.set()
+            driver.join(self.request_timeout + 120)
+            console.close()
+            self.progress.end()
+        return self._group_records(group, result, on_step)
+
+    def _new_group(
+        self, steps: list[PlanStep], argv: list[str], env: dict[str, str]
+    ) -> tuple[_GroupRun, BinaryIO]:
+        """A clean bundle path and staging folder, the console log and the first step's
+        request file for capture; the caller closes the console log."""
         first = steps[0]
         tag = f"step-{first.id:02d}"
         bundle = self.out_dir / f"{tag}.tar"
@@ -570,7 +539,7 @@ class CaptureRunner:
         with contextlib.suppress(FileNotFoundError):
             bundle.unlink()
         console = (self.out_dir / f"{tag}.console.log").open("wb")
-        tee = _Tee(console, self.progress, sys.stderr.buffer if self.verbose else None)
+        tee = _Tee(console, self.progress, self.progress.server_output if self.verbose else None)
         capture_requests = first.request.repeat if first.request.concurrency == 1 else 0
         request_file: Path | None = None
         if capture_requests:
@@ -587,16 +556,23 @@ class CaptureRunner:
             staging=staging,
             tee=tee,
             capture_requests=capture_requests,
+            request_file=request_file,
         )
+        return group, console
+
+    def _capture_options(self, group: _GroupRun, total: int) -> CaptureOptions:
+        from kk3evidence.capture import run as capture
+
+        steps, first = group.steps, group.steps[0]
         changes: list[str] = []
         change = f"{first.variable}={first.from_ or 'absent'}->{first.to or '?'}"
         with contextlib.suppress(Exception):
             capture.parse_change(change)
             changes.append(change)
-        opts = capture.CaptureOptions(
-            argv=tuple(argv),
-            output=bundle,
-            staging=staging,
+        return capture.CaptureOptions(
+            argv=tuple(group.argv),
+            output=group.bundle,
+            staging=group.staging,
             notes=(
                 f"kk3evidence ladder step {first.id}/{total - 1}: {first.variable} "
                 f"({first.from_} -> {first.to})",
@@ -607,14 +583,16 @@ class CaptureRunner:
             # the prefix steps record the four prefix checks (probes/prefix_probe.json)
             prefix_probe=any(s.variable in PREFIX_VARIABLES for s in steps),
             ready_timeout=self.ready_timeout,
-            request_file=request_file,
-            repeat=max(1, capture_requests),
+            request_file=group.request_file,
+            repeat=max(1, group.capture_requests),
             stop_after_request=False,
             request_timeout=self.request_timeout,
-            extra_env=env,
+            extra_env=group.env,
         )
-        ids = ", ".join(str(s.id) for s in steps)
-        self.progress.begin(f"step {ids}/{total - 1} {first.variable}")
+
+    def _capture_say(self, group: _GroupRun) -> Callable[[str], None]:
+        """capture's messages: its request lines tell the driver when the first step's
+        requests are done; with ``verbose`` they are shown."""
 
         def say(text: str) -> None:
             m = _REQ_LINE.match(text)
@@ -626,18 +604,16 @@ class CaptureRunner:
             if self.verbose:
                 self.progress.say(text)
 
-        driver = threading.Thread(
-            target=self._drive, args=(group, on_step), name="kk3-ladder-driver", daemon=True
-        )
-        driver.start()
-        try:
-            result = capture.run_capture(opts, out=tee, err=tee, say=say)
-        finally:
-            group.finished.set()
-            group.requests_done.set()
-            driver.join(self.request_timeout + 120)
-            console.close()
-            self.progress.end()
+        return say
+
+    def _group_records(
+        self,
+        group: _GroupRun,
+        result: CaptureResult,
+        on_step: Callable[[PlanStep, dict[str, Any]], bool],
+    ) -> list[tuple[PlanStep, dict[str, Any]]]:
+        """The driver's records, or one for the first step when the server never got ready."""
+        first = group.steps[0]
         launch: dict[str, Any] = {}
         if result.bundle is not None:
             with contextlib.suppress(Exception):
@@ -678,6 +654,28 @@ class CaptureRunner:
 
     # -- the driver thread: readiness, each step's requests, then stopping the server --------
     def _drive(self, group: _GroupRun, on_step: Callable[[PlanStep, dict[str, Any]], bool]) -> None:
+        api = self._wait_ready(group)
+        if api is None:
+            return
+        group.ready = True
+        group.served_model = api.served_model
+        for idx, step in enumerate(group.steps):
+            if group.finished.is_set():
+                break
+            record = self._run_step(group, idx, step, api)
+            group.records.append((step, record))
+            if not on_step(step, record):
+                break
+        # capture reads /metrics right after its own requests: let it finish before stopping
+        after = group.staging / "metrics" / "after.prom"
+        deadline = time.monotonic() + 20.0
+        while group.capture_requests and not after.exists() and time.monotonic() < deadline:
+            if group.finished.wait(0.2):
+                break
+        self._stop_server(group)
+
+    def _wait_ready(self, group: _GroupRun) -> _Api | None:
+        """Poll the step's server until its API answers; None if it never does."""
         from kk3evidence.capture import http as probe
 
         target = probe.api_target(group.argv, group.env)
@@ -703,62 +701,51 @@ class CaptureRunner:
                                          identity.expected_models(_serve_of(group.argv))),
             )
         if not rd.ready:
-            return
-        group.ready = True
-        group.served_model = rd.served_model
-        for idx, step in enumerate(group.steps):
-            if group.finished.is_set():
-                break
-            self.progress.set_stage(f"requests of step {step.id} ({step.request.describe()})")
-            start_line = group.tee.mark()
-            summaries: list[str] = []
-            classes: list[str] = []
-            requests_dir: str | None = None
-            if idx == 0 and group.capture_requests:
-                group.requests_done.wait(self.request_timeout * group.capture_requests + 60)
-                for name, status in group.seen_requests:
-                    classes.append(_status_class(status, None))
-                    summaries.append(f"{name}: {'HTTP ' + str(status) if status else 'no answer'}")
-                if len(group.seen_requests) < group.capture_requests:
-                    classes.append("no answer")
-            else:
-                recs = self._send(step, target, headers, shown, rd.served_model)
-                self._save_metrics(step, target, headers)
-                requests_dir = f"step-{step.id:02d}/requests"
-                for r in recs:
-                    classes.append(_status_class(r.get("status"), r.get("error")))
-                    summaries.append(
-                        f"{r['name']}: "
-                        + (f"HTTP {r['status']}" if r.get("status") else "no answer")
-                        + (f" ({r['error']})" if r.get("error") else "")
-                    )
-            # The server logs a request's outcome right after answering it; give those lines a
-            # moment to arrive before the step's log window is analysed.
-            group.finished.wait(0.5)
-            ff = _window_failure(group.tee.window(start_line))
-            record = {
-                "outcome": Outcome(
-                    ready=True,
-                    failure_stage=ff["stage"] if ff else None,
-                    failure_category=ff["category"] if ff else None,
-                    failure_rule=ff["rule"] if ff else None,
-                    failure_text=ff["text"] if ff else None,
-                    requests=tuple(sorted(set(classes))),
-                ),
-                "requests_dir": requests_dir,
-                "summaries": tuple(summaries),
-                "shares_server_with": group.steps[0].id if idx else None,
-            }
-            group.records.append((step, record))
-            if not on_step(step, record):
-                break
-        # capture reads /metrics right after its own requests: let it finish before stopping
-        after = group.staging / "metrics" / "after.prom"
-        deadline = time.monotonic() + 20.0
-        while group.capture_requests and not after.exists() and time.monotonic() < deadline:
-            if group.finished.wait(0.2):
-                break
-        self._stop_server(group)
+            return None
+        return _Api(target, headers, shown, rd.served_model)
+
+    def _run_step(self, group: _GroupRun, idx: int, step: PlanStep, api: _Api) -> dict[str, Any]:
+        """One step's requests on the running server and the outcome of its log window."""
+        self.progress.set_stage(f"requests of step {step.id} ({step.request.describe()})")
+        start_line = group.tee.mark()
+        summaries: list[str] = []
+        classes: list[str] = []
+        requests_dir: str | None = None
+        if idx == 0 and group.capture_requests:
+            group.requests_done.wait(self.request_timeout * group.capture_requests + 60)
+            for name, status in group.seen_requests:
+                classes.append(_status_class(status, None))
+                summaries.append(f"{name}: {'HTTP ' + str(status) if status else 'no answer'}")
+            if len(group.seen_requests) < group.capture_requests:
+                classes.append("no answer")
+        else:
+            recs = self._send(step, api.target, api.headers, api.shown, api.served_model)
+            self._save_metrics(step, api.target, api.headers)
+            requests_dir = f"step-{step.id:02d}/requests"
+            for r in recs:
+                classes.append(_status_class(r.get("status"), r.get("error")))
+                summaries.append(
+                    f"{r['name']}: "
+                    + (f"HTTP {r['status']}" if r.get("status") else "no answer")
+                    + (f" ({r['error']})" if r.get("error") else "")
+                )
+        # The server logs a request's outcome right after answering it; give those lines a
+        # moment to arrive before the step's log window is analysed.
+        group.finished.wait(0.5)
+        ff = _window_failure(group.tee.window(start_line))
+        return {
+            "outcome": Outcome(
+                ready=True,
+                failure_stage=ff["stage"] if ff else None,
+                failure_category=ff["category"] if ff else None,
+                failure_rule=ff["rule"] if ff else None,
+                failure_text=ff["text"] if ff else None,
+                requests=tuple(sorted(set(classes))),
+            ),
+            "requests_dir": requests_dir,
+            "summaries": tuple(summaries),
+            "shares_server_with": group.steps[0].id if idx else None,
+        }
 
     def _save_metrics(self, step: PlanStep, target: Any, headers: Mapping[str, str]) -> None:
         """``/metrics`` after a step that ran on a reused server (prefix-cache counters etc.)."""
@@ -965,11 +952,61 @@ def describe_change(step: PlanStep, before: Outcome, after: Outcome) -> str:
     )
 
 
+class _Judge:
+    """Compares each step's outcome with the last stable step's; keeps the verdict."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.baseline: StepRecord | None = None
+        self.last_stable: StepRecord | None = None
+        self.verdict: str | None = None
+        self.message = ""
+
+    def __call__(self, rec: StepRecord) -> str | None:
+        """None when the ladder goes on; else the verdict."""
+        self.verdict = self._judge(rec)
+        return self.verdict
+
+    def _judge(self, rec: StepRecord) -> str | None:
+        step = self.plan.steps[rec.id]
+        if self.baseline is None:
+            self.baseline = rec
+            if not rec.outcome.healthy:
+                self.message = (
+                    f"the baseline (step {rec.id}, the minimal command with the fixed request) "
+                    f"does not work: {rec.outcome.describe()}; fix the start before restoring "
+                    "features (kk3evidence analyze on its bundle shows the first failure)"
+                )
+                return "baseline-fails"
+            self.last_stable = rec
+            return None
+        assert self.last_stable is not None
+        if rec.outcome.key() != self.last_stable.outcome.key():
+            self.message = describe_change(step, self.last_stable.outcome, rec.outcome)
+            return "changed"
+        self.last_stable = rec
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Ladder:
+    """One ladder run's fixed context, passed to its steps."""
+
+    plan: Plan
+    out: Path
+    env: Mapping[str, str]
+    state: dict[str, Any]
+    done: dict[str, Any]  # state["steps"]: the finished steps by id
+    progress: LadderEvents
+    runner: CaptureRunner
+    reuse_server: bool
+
+
 def run_ladder(
     plan: Plan,
     out_dir: str | Path,
     *,
-    progress: Progress | None = None,
+    progress: LadderEvents | None = None,
     runner: CaptureRunner | None = None,
     fresh: bool = False,
     reuse_server: bool = True,
@@ -989,43 +1026,18 @@ def run_ladder(
         _state_path(out).unlink()
     state = _load_state(out, plan)
     state["plan"] = plan.source
-    progress = progress or Progress()
+    progress = progress or NoProgress()
     runner = runner or CaptureRunner(
         out, progress, ready_timeout=ready_timeout, request_timeout=request_timeout, verbose=verbose
     )
     done: dict[str, Any] = state.setdefault("steps", {})
+    lad = _Ladder(plan, out, env_src, state, done, progress, runner, reuse_server)
+    judge = _Judge(plan)
     records: list[StepRecord] = []
     skipped: list[int] = []
     n = len(plan.steps)
-    baseline: StepRecord | None = None
-    last_stable: StepRecord | None = None
-    verdict: str | None = None
-    message = ""
-
-    def judge(rec: StepRecord) -> str | None:
-        """None when the ladder goes on; else the verdict."""
-        nonlocal baseline, last_stable, message
-        step = plan.steps[rec.id]
-        if baseline is None:
-            baseline = rec
-            if not rec.outcome.healthy:
-                message = (
-                    f"the baseline (step {rec.id}, the minimal command with the fixed request) "
-                    f"does not work: {rec.outcome.describe()}; fix the start before restoring "
-                    "features (kk3evidence analyze on its bundle shows the first failure)"
-                )
-                return "baseline-fails"
-            last_stable = rec
-            return None
-        assert last_stable is not None
-        if rec.outcome.key() != last_stable.outcome.key():
-            message = describe_change(step, last_stable.outcome, rec.outcome)
-            return "changed"
-        last_stable = rec
-        return None
-
     i = 0
-    while i < n and verdict is None:
+    while i < n and judge.verdict is None:
         prev = done.get(str(i))
         if prev is not None and _bundle_ok(out, prev.get("bundle")):
             rec = StepRecord.from_json(prev)
@@ -1034,76 +1046,86 @@ def run_ladder(
             progress.say(
                 f"step {i}/{n - 1} {rec.variable}: done earlier ({rec.outcome.describe()})"
             )
-            verdict = judge(rec)
+            judge(rec)
             i += 1
             continue
-        first = plan.steps[i]
-        argv, senv = _expand(first, env_src)
-        group = [first]
-        j = i + 1
-        while reuse_server and j < n:
-            nxt = plan.steps[j]
-            if str(j) in done or _expand(nxt, env_src) != (argv, senv):
-                break
-            group.append(nxt)
-            j += 1
-        started_at = datetime.now(UTC).isoformat(timespec="seconds")
-        t0 = time.monotonic()
-        new_records: list[StepRecord] = []
+        i = _run_steps_from(lad, judge, i, records)
+    return _conclude(lad, judge, records, skipped)
 
-        def on_step(
-            step: PlanStep,
-            raw: dict[str, Any],
-            *,
-            _t0: float = t0,
-            _started: str = started_at,
-            _first: int = first.id,
-            _new: list[StepRecord] = new_records,
-        ) -> bool:
-            nonlocal verdict
-            rec = StepRecord(
-                id=step.id,
-                variable=step.variable,
-                outcome=raw["outcome"],
-                bundle=None,
-                shares_server_with=raw.get("shares_server_with"),
-                requests_dir=raw.get("requests_dir"),
-                started_at=_started,
-                seconds=time.monotonic() - _t0,
-                request_summaries=tuple(raw.get("summaries") or ()),
-            )
-            _new.append(rec)
-            progress.say(f"step {step.id}/{n - 1} {step.variable}: {rec.outcome.describe()}")
-            verdict = judge(rec)
-            return verdict is None
 
-        raw_records = runner.run_group(group, argv, senv, on_step, n)
-        interrupted = any(r.get("interrupted") for _, r in raw_records)
-        bundle_rel = _rel(out, raw_records[0][1].get("bundle")) if raw_records else None
-        for rec in new_records:
-            final = StepRecord(
-                id=rec.id,
-                variable=rec.variable,
-                outcome=rec.outcome,
-                bundle=bundle_rel,
-                shares_server_with=rec.shares_server_with,
-                requests_dir=rec.requests_dir,
-                started_at=rec.started_at,
-                seconds=rec.seconds,
-                request_summaries=rec.request_summaries + (
-                    _prefix_checks(out, bundle_rel) if rec.variable in PREFIX_VARIABLES
-                    and rec.shares_server_with is None else ()),
-            )
-            records.append(final)
-            if not interrupted and bundle_rel is not None:
-                done[str(rec.id)] = final.to_json()
-        _save_state(out, state)
-        if interrupted:
-            raise KeyboardInterrupt
-        if not new_records:
-            raise InputError(f"step {i} produced no result; see {out}/step-{i:02d}.console.log")
-        i = new_records[-1].id + 1
+def _run_steps_from(lad: _Ladder, judge: _Judge, i: int, records: list[StepRecord]) -> int:
+    """Run step ``i`` and the request-only steps after it on one server; returns the next step."""
+    plan, n = lad.plan, len(lad.plan.steps)
+    first = plan.steps[i]
+    argv, senv = _expand(first, lad.env)
+    group = [first]
+    j = i + 1
+    while lad.reuse_server and j < n:
+        nxt = plan.steps[j]
+        if str(j) in lad.done or _expand(nxt, lad.env) != (argv, senv):
+            break
+        group.append(nxt)
+        j += 1
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    new_records: list[StepRecord] = []
 
+    def on_step(step: PlanStep, raw: dict[str, Any]) -> bool:
+        rec = StepRecord(
+            id=step.id,
+            variable=step.variable,
+            outcome=raw["outcome"],
+            bundle=None,
+            shares_server_with=raw.get("shares_server_with"),
+            requests_dir=raw.get("requests_dir"),
+            started_at=started_at,
+            seconds=time.monotonic() - t0,
+            request_summaries=tuple(raw.get("summaries") or ()),
+        )
+        new_records.append(rec)
+        lad.progress.say(f"step {step.id}/{n - 1} {step.variable}: {rec.outcome.describe()}")
+        return judge(rec) is None
+
+    raw_records = lad.runner.run_group(group, argv, senv, on_step, n)
+    _keep_records(lad, raw_records, new_records, records)
+    if not new_records:
+        raise InputError(f"step {i} produced no result; see {lad.out}/step-{i:02d}.console.log")
+    return new_records[-1].id + 1
+
+
+def _keep_records(
+    lad: _Ladder,
+    raw_records: Sequence[tuple[PlanStep, dict[str, Any]]],
+    new_records: Sequence[StepRecord],
+    records: list[StepRecord],
+) -> None:
+    """The group's records with their bundle, into ``records`` and (unless interrupted) the
+    state file; an interrupted group raises KeyboardInterrupt once the state is saved."""
+    out = lad.out
+    interrupted = any(r.get("interrupted") for _, r in raw_records)
+    bundle_rel = _rel(out, raw_records[0][1].get("bundle")) if raw_records else None
+    for rec in new_records:
+        final = replace(
+            rec,
+            bundle=bundle_rel,
+            request_summaries=rec.request_summaries + (
+                _prefix_checks(out, bundle_rel) if rec.variable in PREFIX_VARIABLES
+                and rec.shares_server_with is None else ()),
+        )
+        records.append(final)
+        if not interrupted and bundle_rel is not None:
+            lad.done[str(rec.id)] = final.to_json()
+    _save_state(out, lad.state)
+    if interrupted:
+        raise KeyboardInterrupt
+
+
+def _conclude(
+    lad: _Ladder, judge: _Judge, records: list[StepRecord], skipped: list[int]
+) -> LadderResult:
+    """The verdict (stable when no step changed anything), saved in the state file."""
+    n, out, last_stable = len(lad.plan.steps), lad.out, judge.last_stable
+    verdict, message = judge.verdict, judge.message
     if verdict is None:
         verdict = "stable"
         outcome = records[0].outcome.describe()
@@ -1116,14 +1138,14 @@ def run_ladder(
     if verdict == "changed" and last_stable is not None:
         stable_bundle = next((r.bundle for r in records if r.id == last_stable.id), None)
         diff_summary = _bundle_diff(out, stable_bundle, records[-1].bundle)
-    state["result"] = {
+    lad.state["result"] = {
         "verdict": verdict,
         "message": message,
         "changed_step": records[-1].id if verdict == "changed" else None,
         "last_stable_step": last_stable.id if last_stable else None,
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    _save_state(out, state)
+    _save_state(out, lad.state)
     return LadderResult(
         records=tuple(records),
         verdict=verdict,
