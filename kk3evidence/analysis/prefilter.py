@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Prefilter"]
+__all__ = ["LiteralSet", "Prefilter"]
 
 
 class Prefilter:
@@ -208,3 +208,32 @@ def _automaton(anchor_bytes: Sequence[bytes]) -> Any:
     if anchor_bytes:
         ac.make_automaton()
     return ac
+
+
+class LiteralSet:
+    """Which of some literals occur in one decoded line: ``[i for i, a in enumerate(literals)
+    if a in text]`` with one Aho-Corasick pass instead of one ``in`` per literal (hundreds of
+    anchors made that the hot spot of dense failure logs)."""
+
+    def __init__(self, literals: Sequence[str]) -> None:
+        import ahocorasick
+
+        self._always = tuple(i for i, a in enumerate(literals) if not a)  # "" is in every text
+        self._ac: Any = None
+        if len(self._always) < len(literals):
+            ac = ahocorasick.Automaton()
+            for i, a in enumerate(literals):
+                if a:
+                    prev = ac.get(a, ())
+                    ac.add_word(a, prev + (i,))
+            ac.make_automaton()
+            self._ac = ac
+
+    def ids(self, text: str) -> list[int]:
+        """Ids of the literals occurring in ``text``, ascending, each once."""
+        if self._ac is None:
+            return list(self._always)
+        found = set(self._always)
+        for _end, ids in self._ac.iter(text):
+            found.update(ids)
+        return sorted(found)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kk3evidence.analysis.classify import Classifier
 from kk3evidence.analysis.grammar import parse_line
-from kk3evidence.analysis.prefilter import Prefilter
+from kk3evidence.analysis.prefilter import LiteralSet, Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, load_rules
 
 __all__ = ["Milestone", "MilestoneWatcher"]
@@ -54,6 +54,7 @@ class MilestoneWatcher:
         self._anchors = tuple(anchors)
         self._rules = tuple(tuple(v) for v in anchors.values())
         self._prefilter = Prefilter(self._anchors, [False] * len(self._anchors))
+        self._literals = LiteralSet(self._anchors)
         self._classifier = Classifier(rs)
         self._pending = b""
         self.lines = 0
@@ -114,7 +115,7 @@ class MilestoneWatcher:
 
     def _line(self, raw: bytes, line_no: int, at: float) -> Milestone | None:
         line = parse_line(line_no, raw)
-        ids = [i for i, a in enumerate(self._anchors) if a in line.text]
+        ids = self._literals.ids(line.text)
         if not ids:
             return None
         rule_ids = {r.id for i in ids for r in self._rules[i]}
