@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kk3evidence.analysis.grammar import LogLine, parse_line
-from kk3evidence.analysis.rules import Rule, RuleSet, load_rules
 from kk3evidence.analysis.prefilter import LiteralSet
+from kk3evidence.analysis.rules import Rule, RuleSet, load_rules
 from kk3evidence.model import Finding
 
 __all__ = ["Classified", "Classifier", "classify_line"]

@@ -691,12 +691,17 @@ class AnalysisEngine:
         lines = block[pos : m.end()].split(b"\n")[:-1]
         # Every line of the run has the same envelope length (same numbers, fixed-width clock).
         bodies = [ln[shape.plen :] for ln in lines]
-        cut = _first_special(b"\n".join(bodies))
+        joined = b"\n".join(bodies)
+        cut = min(_first_special(joined), _exception_cut(joined, st.frame_indent))
         if cut == 0:
             return pos
         if cut < len(lines):
             lines, bodies = lines[:cut], bodies[:cut]
-        self._run_hints(b"\n".join(bodies), line_no, st)
+            joined = b"\n".join(bodies)
+        fi = _last_frame_indent(joined, len(joined))
+        if fi is not None:
+            st.frame_indent = fi
+        self._run_hints(joined, line_no, st)
         st.last_seen = line_no + len(lines)
         return pos + sum(map(len, lines)) + len(lines)
 
@@ -733,6 +738,41 @@ class AnalysisEngine:
             if stage is not None or cat is not None:
                 out.append((i, stage, cat))
         return tuple(out)
+
+
+# Bytes forms of the tracker's frame and indented-exception shapes (grammar._ANY_FRAME_RE,
+# grammar.INDENTED_EXC_RE), per line of a run's bodies. The exception shape is a superset (any
+# non-ASCII byte may be a word character): a candidate only hands its line to the slow path.
+_RUN_FRAME = re.compile(rb'^([ \t]*)File "[^"\n]*", line [0-9]+', re.M)
+_RUN_EXC = re.compile(
+    rb"^([ \t]+)(?:[A-Za-z_\x80-\xff][\w\x80-\xff]*\.)*[A-Z][\w\x80-\xff]*(?::(?:[ \t]|$)|$)",
+    re.M,
+)
+
+
+def _last_frame_indent(bodies: bytes, end: int) -> int | None:
+    """Indentation of the last frame line starting before ``end`` in ``bodies``."""
+    while end > 0:
+        at = bodies.rfind(b'File "', 0, end)
+        if at < 0:
+            return None
+        start = bodies.rfind(b"\n", 0, at) + 1
+        m = _RUN_FRAME.match(bodies, start)
+        if m is not None and m.end(1) == at:
+            return at - start
+        end = at
+    return None
+
+
+def _exception_cut(bodies: bytes, frame_indent: int | None) -> int:
+    """The index of the first body line that may end the frames as a re-indented exception
+    line (grammar.ends_frames), else the number of lines; the slow path decides there."""
+    for m in _RUN_EXC.finditer(bodies):
+        fi = _last_frame_indent(bodies, m.start())
+        fi = frame_indent if fi is None else fi
+        if fi is not None and len(m.group(1)) <= fi:
+            return bodies.count(b"\n", 0, m.start())
+    return bodies.count(b"\n") + 1
 
 
 def _first_special(bodies: bytes) -> int:

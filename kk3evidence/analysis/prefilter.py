@@ -225,7 +225,7 @@ class LiteralSet:
             for i, a in enumerate(literals):
                 if a:
                     prev = ac.get(a, ())
-                    ac.add_word(a, prev + (i,))
+                    ac.add_word(a, (*prev, i))
             ac.make_automaton()
             self._ac = ac
 
