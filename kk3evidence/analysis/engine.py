@@ -744,10 +744,14 @@ class AnalysisEngine:
 # grammar.INDENTED_EXC_RE), per line of a run's bodies. The exception shape is a superset (any
 # non-ASCII byte may be a word character): a candidate only hands its line to the slow path.
 _RUN_FRAME = re.compile(rb'^([ \t]*)File "[^"\n]*", line [0-9]+', re.M)
-_RUN_EXC = re.compile(
-    rb"^([ \t]+)(?:[A-Za-z_\x80-\xff][\w\x80-\xff]*\.)*[A-Z][\w\x80-\xff]*(?::(?:[ \t]|$)|$)",
-    re.M,
+# Searched from each newline (a literal start: several times faster than a MULTILINE "^");
+# the first line is matched on its own. Possessive: a line that fails is given up at once.
+_EXC_TAIL = (
+    rb"([ \t]++)(?:[A-Za-z_\x80-\xff][\w\x80-\xff]*+\.)*+[A-Z][\w\x80-\xff]*+"
+    rb"(?::(?:[ \t]|$)|$)"
 )
+_RUN_EXC_FIRST = re.compile(_EXC_TAIL, re.M)
+_RUN_EXC = re.compile(rb"\n" + _EXC_TAIL, re.M)
 
 
 def _last_frame_indent(bodies: bytes, end: int) -> int | None:
@@ -767,11 +771,15 @@ def _last_frame_indent(bodies: bytes, end: int) -> int | None:
 def _exception_cut(bodies: bytes, frame_indent: int | None) -> int:
     """The index of the first body line that may end the frames as a re-indented exception
     line (grammar.ends_frames), else the number of lines; the slow path decides there."""
+    first = _RUN_EXC_FIRST.match(bodies)
+    if first is not None and frame_indent is not None and len(first.group(1)) <= frame_indent:
+        return 0
     for m in _RUN_EXC.finditer(bodies):
-        fi = _last_frame_indent(bodies, m.start())
+        start = m.start(1)  # the line's first byte
+        fi = _last_frame_indent(bodies, start)
         fi = frame_indent if fi is None else fi
         if fi is not None and len(m.group(1)) <= fi:
-            return bodies.count(b"\n", 0, m.start())
+            return bodies.count(b"\n", 0, start)
     return bodies.count(b"\n") + 1
 
 

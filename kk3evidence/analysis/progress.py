@@ -12,14 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kk3evidence.analysis.classify import Classifier
-from kk3evidence.analysis.grammar import parse_line
-from kk3evidence.analysis.prefilter import LiteralSet, Prefilter
+from kk3evidence.analysis.grammar import LogLine, parse_line
+from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, load_rules
 
 __all__ = ["Milestone", "MilestoneWatcher"]
 
 _MAX_TEXT = 300  # characters of a milestone line kept for the progress line
 _MAX_HITS = 64  # candidate lines looked at per fed block, at most
+_MAX_MEMO = 4096  # classified lines remembered (then forgotten all at once: memory flat)
+_MAX_MEMO_BODY = 1024  # longer bodies are not remembered
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +54,15 @@ class MilestoneWatcher:
             for a in r.anchors:
                 anchors.setdefault(a, []).append(r)
         self._anchors = tuple(anchors)
-        self._rules = tuple(tuple(v) for v in anchors.values())
         self._prefilter = Prefilter(self._anchors, [False] * len(self._anchors))
-        self._literals = LiteralSet(self._anchors)
         self._classifier = Classifier(rs)
+        # Milestone rules by the rule set's anchor id: one anchor scan of a line serves both
+        # "which milestone markers are here" and the classifier.
+        index = {a: i for i, a in enumerate(rs.anchors)}
+        self._marker_rules = {index[a]: frozenset(r.id for r in v) for a, v in anchors.items()}
+        # Rule claiming a line, by what the classifier reads (anchor ids, body, level): a crash
+        # loop prints the same milestone lines at every restart.
+        self._memo: dict[tuple[tuple[int, ...], str, str | None], Rule | None] = {}
         self._pending = b""
         self.lines = 0
         #: the stage of the latest milestone (a requested shutdown is not a stage)
@@ -115,14 +122,14 @@ class MilestoneWatcher:
 
     def _line(self, raw: bytes, line_no: int, at: float) -> Milestone | None:
         line = parse_line(line_no, raw)
-        ids = self._literals.ids(line.text)
-        if not ids:
+        ids = self._all_ids(line.text)
+        marker = self._marker_rules
+        rule_ids = [marker[i] for i in ids if i in marker]
+        if not rule_ids:
             return None
-        rule_ids = {r.id for i in ids for r in self._rules[i]}
-        hit = self._classifier.classify(line, self._all_ids(line.text))
-        if hit is None or hit.rule.id not in rule_ids or hit.rule.stage is None:
+        r = self._rule_of(line, ids)
+        if r is None or not any(r.id in got for got in rule_ids) or r.stage is None:
             return None
-        r = hit.rule
         m = Milestone(
             r.stage or "",
             r.id,
@@ -143,6 +150,19 @@ class MilestoneWatcher:
             self.stage, self.stage_since = m.stage, at
         self.last = m
         return m
+
+    def _rule_of(self, line: LogLine, ids: list[int]) -> Rule | None:
+        # The classifier reads only these (a parsed line has no traceback role; no shutdown).
+        if len(line.body) > _MAX_MEMO_BODY:
+            hit = self._classifier.classify(line, ids)
+            return None if hit is None else hit.rule
+        key = (tuple(ids), line.body, line.level)
+        if key not in self._memo:
+            hit = self._classifier.classify(line, ids)
+            if len(self._memo) >= _MAX_MEMO:
+                self._memo.clear()
+            self._memo[key] = None if hit is None else hit.rule
+        return self._memo[key]
 
     def _all_ids(self, text: str) -> list[int]:
         # Every rule anchor of the line, so a failure or noise rule still wins over a milestone
