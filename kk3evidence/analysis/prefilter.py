@@ -14,6 +14,7 @@ decoded as latin-1, which maps bytes 1:1). ``KK3_PREFILTER=hyperscan|re2|ahocora
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Sequence
@@ -93,6 +94,18 @@ class Prefilter:
         self._ac = _automaton(self.anchor_bytes)
         if not self.engine:
             self.engine = "ahocorasick"
+
+    def clone(self) -> Prefilter:
+        """The same compiled anchors with scratch space of its own: a Hyperscan scratch serves
+        one scan at a time, the databases and the automaton are read-only and shared."""
+        twin = copy.copy(self)
+        if self._hs_db is not None:
+            import hyperscan
+
+            twin._hs_scratch = hyperscan.Scratch(self._hs_db)
+            if self._hs_tail is not None:
+                twin._hs_tail_scratch = hyperscan.Scratch(self._hs_tail)
+        return twin
 
     def scan(self, block: bytes, lo: int = 0, hi: int | None = None) -> list[tuple[int, int]]:
         """All anchor hits in ``block[lo:hi]`` as ``(end_offset, anchor_id)`` (offsets in

@@ -9,6 +9,7 @@ the caller passes the time with each block.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from kk3evidence.analysis.classify import Classifier
@@ -39,6 +40,47 @@ class Milestone:
     body: str = ""  # the line without its process/level/time prefix
 
 
+@dataclass(frozen=True, slots=True)
+class _Markers:
+    """What a watcher needs of a rule set, built once per rule set (an analysis starts one
+    watcher: a prefilter build per log was a few ms, a share of a small log's time)."""
+
+    ruleset: RuleSet
+    anchors: tuple[str, ...]  # the milestone markers
+    prefilter: Prefilter  # cloned per watcher (scratch space of its own)
+    classifier: Classifier
+    # Milestone rules by the rule set's anchor id: one anchor scan of a line serves both
+    # "which milestone markers are here" and the classifier.
+    marker_rules: dict[int, frozenset[str]]
+
+
+_MARKERS: dict[tuple[int, str | None], _Markers] = {}
+
+
+def _markers(rs: RuleSet) -> _Markers:
+    key = (id(rs), os.environ.get("KK3_PREFILTER"))  # the prefilter engine follows it
+    got = _MARKERS.get(key)
+    if got is not None and got.ruleset is rs:
+        return got
+    anchors: dict[str, list[Rule]] = {}
+    for r in rs.rules:
+        if r.kind == "milestone" and r.stage:
+            for a in r.anchors:
+                anchors.setdefault(a, []).append(r)
+    index = {a: i for i, a in enumerate(rs.anchors)}
+    got = _Markers(
+        rs,
+        tuple(anchors),
+        Prefilter(tuple(anchors), [False] * len(anchors)),
+        Classifier(rs),
+        {index[a]: frozenset(r.id for r in v) for a, v in anchors.items()},
+    )
+    if len(_MARKERS) >= 8:  # rule sets of tests come and go
+        _MARKERS.clear()
+    _MARKERS[key] = got
+    return got
+
+
 class MilestoneWatcher:
     """Feed log bytes as they arrive (any chunking); read :attr:`stage` and :attr:`last`."""
 
@@ -48,18 +90,11 @@ class MilestoneWatcher:
         and last line per milestone marker and block, which is enough to follow the stage."""
         rs = ruleset if ruleset is not None else load_rules()
         self._full_left = full_lines
-        rules = [r for r in rs.rules if r.kind == "milestone" and r.stage]
-        anchors: dict[str, list[Rule]] = {}
-        for r in rules:
-            for a in r.anchors:
-                anchors.setdefault(a, []).append(r)
-        self._anchors = tuple(anchors)
-        self._prefilter = Prefilter(self._anchors, [False] * len(self._anchors))
-        self._classifier = Classifier(rs)
-        # Milestone rules by the rule set's anchor id: one anchor scan of a line serves both
-        # "which milestone markers are here" and the classifier.
-        index = {a: i for i, a in enumerate(rs.anchors)}
-        self._marker_rules = {index[a]: frozenset(r.id for r in v) for a, v in anchors.items()}
+        markers = _markers(rs)
+        self._anchors = markers.anchors
+        self._prefilter = markers.prefilter.clone()
+        self._classifier = markers.classifier
+        self._marker_rules = markers.marker_rules
         # Rule claiming a line, by what the classifier reads (anchor ids, body, level): a crash
         # loop prints the same milestone lines at every restart.
         self._memo: dict[tuple[tuple[int, ...], str, str | None], Rule | None] = {}
