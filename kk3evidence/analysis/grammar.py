@@ -360,23 +360,36 @@ class TracebackTracker:
     _open: dict[str | None, TracebackState] = field(default_factory=dict)
     _next_chain: int = 0
     chain_links: dict[int, list[str | None]] = field(default_factory=dict)
+    # No open traceback can go stale before this line: _expire looks at them only after it
+    # (every change of a state sets last_seen to the current line or later).
+    _check_at: int = 0
 
     @property
     def busy(self) -> bool:
         return bool(self._open)
 
     def _expire(self, line_no: int) -> None:
-        if not self._open:
+        if not self._open or line_no <= self._check_at:
             return
-        stale = [
-            k
-            for k, st in self._open.items()
-            if line_no - st.last_seen > (_STALE_LINES if st.phase == "frames" else _LINGER_GLOBAL)
-        ]
+        stale = []
+        soonest = None
+        for k, st in self._open.items():
+            due = st.last_seen + (_STALE_LINES if st.phase == "frames" else _LINGER_GLOBAL)
+            if line_no > due:
+                stale.append(k)
+            elif soonest is None or due < soonest:
+                soonest = due
         for k in stale:
             del self._open[k]
+        self._check_at = line_no if soonest is None else soonest
 
     def feed(self, line: LogLine) -> LogLine:
+        out = self._feed(line)
+        # Whatever state the line touched now lasts at least _LINGER_GLOBAL more lines.
+        self._check_at = min(self._check_at, line.line_no + min(_LINGER_GLOBAL, _STALE_LINES))
+        return out
+
+    def _feed(self, line: LogLine) -> LogLine:
         self._expire(line.line_no)
         key = line.key
         body = line.body
