@@ -169,3 +169,38 @@ def test_ranks_found_late_in_a_block_get_their_own_line_numbers() -> None:
     scan = HangScan()
     scan.feed(block.encode())
     assert {r: v.first_line for r, v in scan.ranks.items()} == {0: 6, 1: 12, 2: 18}
+
+
+_BODY_LINES = st.sampled_from(
+    [
+        b'  File "/x.py", line 2, in g',
+        b'   File "/y.py", line 3, in h',
+        b"    x = f(a) | g(b)",
+        b"     source()",
+        b"    ValueError",
+        b" openai_harmony.HarmonyError: bad token",
+        b"   AttributeError",
+        b"  \xc3\x89rreur: non",
+        b"  \x1b[31mred\x1b[0m",
+        b"  across cluster]",
+        b"  x\r",
+        b"  y\rz",
+        b"Traceback (most recent call last):",
+        b"",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_BODY_LINES, min_size=1, max_size=20), st.one_of(st.none(), st.integers(0, 4)))
+def test_the_one_pass_run_cut_equals_the_bytes_find_path(
+    lines: list[bytes], frame_indent: int | None
+) -> None:
+    bodies = b"\n".join(lines)
+    want = min(engine._first_special(bodies), engine._exception_cut(bodies, frame_indent))
+    assert engine._run_cut(bodies, frame_indent) == want
+
+
+def test_the_run_scanner_is_built_where_hyperscan_is_installed() -> None:
+    pytest.importorskip("hyperscan")
+    assert engine._run_scanner()[0] is not None
