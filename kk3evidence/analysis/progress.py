@@ -95,9 +95,8 @@ class MilestoneWatcher:
         self._prefilter = markers.prefilter.clone()
         self._classifier = markers.classifier
         self._marker_rules = markers.marker_rules
-        # Rule claiming a line, by what the classifier reads (anchor ids, body, level): a crash
-        # loop prints the same milestone lines at every restart.
-        self._memo: dict[tuple[tuple[int, ...], str, str | None], Rule | None] = {}
+        # The milestone rule of a line by its body and level (see _milestone_rule).
+        self._memo: dict[tuple[str, str | None], Rule | None] = {}
         self._pending = b""
         self.lines = 0
         #: the stage of the latest milestone (a requested shutdown is not a stage)
@@ -157,13 +156,8 @@ class MilestoneWatcher:
 
     def _line(self, raw: bytes, line_no: int, at: float) -> Milestone | None:
         line = parse_line(line_no, raw)
-        ids = self._all_ids(line.text)
-        marker = self._marker_rules
-        rule_ids = [marker[i] for i in ids if i in marker]
-        if not rule_ids:
-            return None
-        r = self._rule_of(line, ids)
-        if r is None or not any(r.id in got for got in rule_ids) or r.stage is None:
+        r = self._milestone_rule(line)
+        if r is None:
             return None
         m = Milestone(
             r.stage or "",
@@ -186,18 +180,33 @@ class MilestoneWatcher:
         self.last = m
         return m
 
-    def _rule_of(self, line: LogLine, ids: list[int]) -> Rule | None:
-        # The classifier reads only these (a parsed line has no traceback role; no shutdown).
-        if len(line.body) > _MAX_MEMO_BODY:
+    def _milestone_rule(self, line: LogLine) -> Rule | None:
+        """The milestone rule (with a stage) claiming ``line``, else ``None``."""
+        # When the body ends the text, the answer depends on the body and level alone: a rule
+        # matches only with an anchor in the body, so anchors of the prefix add candidates that
+        # cannot match (and a parsed line has no traceback role; no shutdown is asked). A crash
+        # loop repeats its milestone bodies at every restart, with new times and pids.
+        key = (line.body, line.level)
+        plain = len(line.body) <= _MAX_MEMO_BODY and line.text.endswith(line.body)
+        if plain and key in self._memo:
+            return self._memo[key]
+        ids = self._all_ids(line.text)
+        marker = self._marker_rules
+        rule_ids = [marker[i] for i in ids if i in marker]
+        r = None
+        if rule_ids:
             hit = self._classifier.classify(line, ids)
-            return None if hit is None else hit.rule
-        key = (tuple(ids), line.body, line.level)
-        if key not in self._memo:
-            hit = self._classifier.classify(line, ids)
+            if (
+                hit is not None
+                and hit.rule.stage is not None
+                and any(hit.rule.id in got for got in rule_ids)
+            ):
+                r = hit.rule
+        if plain:
             if len(self._memo) >= _MAX_MEMO:
                 self._memo.clear()
-            self._memo[key] = None if hit is None else hit.rule
-        return self._memo[key]
+            self._memo[key] = r
+        return r
 
     def _all_ids(self, text: str) -> list[int]:
         # Every rule anchor of the line, so a failure or noise rule still wins over a milestone
