@@ -9,6 +9,7 @@ the caller passes the time with each block.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ __all__ = ["Milestone", "MilestoneWatcher"]
 _MAX_TEXT = 300  # characters of a milestone line kept for the progress line
 _MAX_HITS = 64  # candidate lines looked at per fed block, at most
 _MAX_MEMO = 4096  # classified lines remembered (then forgotten all at once: memory flat)
-_MAX_MEMO_BODY = 1024  # longer bodies are not remembered
+_MAX_MEMO_BODY = 1024  # longer bodies are remembered by digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +97,7 @@ class MilestoneWatcher:
         self._classifier = markers.classifier
         self._marker_rules = markers.marker_rules
         # The milestone rule of a line by its body and level (see _milestone_rule).
-        self._memo: dict[tuple[str, str | None], Rule | None] = {}
+        self._memo: dict[tuple[object, str | None], Rule | None] = {}
         self._pending = b""
         self.lines = 0
         #: the stage of the latest milestone (a requested shutdown is not a stage)
@@ -186,8 +187,12 @@ class MilestoneWatcher:
         # matches only with an anchor in the body, so anchors of the prefix add candidates that
         # cannot match (and a parsed line has no traceback role; no shutdown is asked). A crash
         # loop repeats its milestone bodies at every restart, with new times and pids.
-        key = (line.body, line.level)
-        plain = len(line.body) <= _MAX_MEMO_BODY and line.text.endswith(line.body)
+        body: object = line.body
+        if len(line.body) > _MAX_MEMO_BODY:  # config dumps: remembered by digest, not value
+            digest = hashlib.blake2b(line.body.encode("utf-8", "surrogatepass"), digest_size=16)
+            body = (len(line.body), digest.digest())
+        key = (body, line.level)
+        plain = line.text.endswith(line.body)
         if plain and key in self._memo:
             return self._memo[key]
         ids = self._all_ids(line.text)
