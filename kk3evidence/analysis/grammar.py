@@ -322,6 +322,11 @@ TB_DIRECT_CAUSE = "The above exception was the direct cause of the following exc
 TB_DURING_HANDLING = "During handling of the above exception, another exception occurred:"
 
 _FRAME_RE = re.compile(r"^\s+File \"[^\"]*\", line \d+")
+# Inside an open traceback a frame line may have lost its indentation (a re-indented paste).
+_ANY_FRAME_RE = re.compile(r"^[ \t]*File \"[^\"]*\", line [0-9]+")
+# An exception line as a paste may re-indent it: a dotted class name whose last part is
+# capitalised, alone or followed by ": " (source lines are lowercase or carry code after it).
+INDENTED_EXC_RE = re.compile(r"^[ \t]+(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::(?:[ \t]|$)|$)")
 # A traceback left open this many lines without a line from its process is closed.
 _STALE_LINES = 400
 # After an exception line, a chain separator may follow within this many lines of the process.
@@ -338,6 +343,9 @@ class TracebackState:
     last_seen: int
     link: str | None = None  # "cause" | "context" for index > 0
     after_count: int = 0
+    # Indentation of the latest `File "..."` line: an exception-shaped line indented no deeper
+    # ends the frames even when a paste indented it (source lines sit deeper than frames).
+    frame_indent: int | None = None
 
 
 @dataclass(slots=True)
@@ -352,23 +360,36 @@ class TracebackTracker:
     _open: dict[str | None, TracebackState] = field(default_factory=dict)
     _next_chain: int = 0
     chain_links: dict[int, list[str | None]] = field(default_factory=dict)
+    # No open traceback can go stale before this line: _expire looks at them only after it
+    # (every change of a state sets last_seen to the current line or later).
+    _check_at: int = 0
 
     @property
     def busy(self) -> bool:
         return bool(self._open)
 
     def _expire(self, line_no: int) -> None:
-        if not self._open:
+        if not self._open or line_no <= self._check_at:
             return
-        stale = [
-            k
-            for k, st in self._open.items()
-            if line_no - st.last_seen > (_STALE_LINES if st.phase == "frames" else _LINGER_GLOBAL)
-        ]
+        stale = []
+        soonest = None
+        for k, st in self._open.items():
+            due = st.last_seen + (_STALE_LINES if st.phase == "frames" else _LINGER_GLOBAL)
+            if line_no > due:
+                stale.append(k)
+            elif soonest is None or due < soonest:
+                soonest = due
         for k in stale:
             del self._open[k]
+        self._check_at = line_no if soonest is None else soonest
 
     def feed(self, line: LogLine) -> LogLine:
+        out = self._feed(line)
+        # Whatever state the line touched now lasts at least _LINGER_GLOBAL more lines.
+        self._check_at = min(self._check_at, line.line_no + min(_LINGER_GLOBAL, _STALE_LINES))
+        return out
+
+    def _feed(self, line: LogLine) -> LogLine:
         self._expire(line.line_no)
         key = line.key
         body = line.body
@@ -379,6 +400,7 @@ class TracebackTracker:
             if st is not None and st.phase == "await_tb":
                 st.index += 1
                 st.phase = "frames"
+                st.frame_indent = None  # the chained traceback sets its own
                 st.last_seen = line.line_no
                 self.chain_links.setdefault(st.chain, [None]).append(st.link)
             else:
@@ -405,13 +427,17 @@ class TracebackTracker:
                 self.chain_links[chain] = [None]
             st.phase = "frames"
             st.last_seen = line.line_no
+            st.frame_indent = indent_of(body)
             return _with_tb(line, "frame", st.chain, st.index)
         if st is None:
             return line
         st.last_seen = line.line_no
 
         if st.phase == "frames":
-            if not body or body[0] in " \t":
+            if _ANY_FRAME_RE.match(body):
+                st.frame_indent = indent_of(body)
+                return _with_tb(line, "frame", st.chain, st.index)
+            if (not body or body[0] in " \t") and not ends_frames(st, body):
                 return _with_tb(line, "frame", st.chain, st.index)
             st.phase = "after_exc"
             st.after_count = 0
@@ -448,6 +474,18 @@ class TracebackTracker:
     def tick(self, line_no: int) -> None:
         """Tell the tracker that lines up to ``line_no`` passed without being fed."""
         self._expire(line_no)
+
+
+def indent_of(body: str) -> int:
+    """Leading spaces and tabs of ``body``."""
+    return len(body) - len(body.lstrip(" \t"))
+
+
+def ends_frames(st: TracebackState, body: str) -> bool:
+    """Whether the indented ``body`` is the exception line that ends ``st``'s frames: shaped
+    like one and indented no deeper than the latest frame line."""
+    fi = st.frame_indent
+    return fi is not None and indent_of(body) <= fi and INDENTED_EXC_RE.match(body) is not None
 
 
 def _with_tb(line: LogLine, role: str, chain: int, index: int) -> LogLine:

@@ -194,10 +194,14 @@ class HangScan:
 
     def _block(self, block: bytes) -> None:
         base = self.lines
-        # Ranks first (a rank's milestones in the same block must find it).
+        # Ranks first (a rank's milestones in the same block must find it). Newlines are
+        # counted from the previous match on, not from the block start (a crash loop has many).
+        counted, at = 0, 0
         for wm in _WORLD_RE.finditer(block):
             s = block.rfind(b"\n", 0, wm.start()) + 1
-            line = parse_line(base + block.count(b"\n", 0, s) + 1, block[s : block.find(b"\n", s)])
+            counted += block.count(b"\n", at, s)
+            at = s
+            line = parse_line(base + counted + 1, block[s : block.find(b"\n", s)])
             ws, rank = int(wm.group(1)), int(wm.group(2))
             self.world_size = max(self.world_size or 0, ws)
             r = self.ranks.setdefault(rank, _Rank(line.line_no, line.process, {}))

@@ -9,10 +9,12 @@ the caller passes the time with each block.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 
 from kk3evidence.analysis.classify import Classifier
-from kk3evidence.analysis.grammar import parse_line
+from kk3evidence.analysis.grammar import LogLine, parse_line
 from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, load_rules
 
@@ -20,6 +22,8 @@ __all__ = ["Milestone", "MilestoneWatcher"]
 
 _MAX_TEXT = 300  # characters of a milestone line kept for the progress line
 _MAX_HITS = 64  # candidate lines looked at per fed block, at most
+_MAX_MEMO = 4096  # classified lines remembered (then forgotten all at once: memory flat)
+_MAX_MEMO_BODY = 1024  # longer bodies are remembered by digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,47 @@ class Milestone:
     body: str = ""  # the line without its process/level/time prefix
 
 
+@dataclass(frozen=True, slots=True)
+class _Markers:
+    """What a watcher needs of a rule set, built once per rule set (an analysis starts one
+    watcher: a prefilter build per log was a few ms, a share of a small log's time)."""
+
+    ruleset: RuleSet
+    anchors: tuple[str, ...]  # the milestone markers
+    prefilter: Prefilter  # cloned per watcher (scratch space of its own)
+    classifier: Classifier
+    # Milestone rules by the rule set's anchor id: one anchor scan of a line serves both
+    # "which milestone markers are here" and the classifier.
+    marker_rules: dict[int, frozenset[str]]
+
+
+_MARKERS: dict[tuple[int, str | None], _Markers] = {}
+
+
+def _markers(rs: RuleSet) -> _Markers:
+    key = (id(rs), os.environ.get("KK3_PREFILTER"))  # the prefilter engine follows it
+    got = _MARKERS.get(key)
+    if got is not None and got.ruleset is rs:
+        return got
+    anchors: dict[str, list[Rule]] = {}
+    for r in rs.rules:
+        if r.kind == "milestone" and r.stage:
+            for a in r.anchors:
+                anchors.setdefault(a, []).append(r)
+    index = {a: i for i, a in enumerate(rs.anchors)}
+    got = _Markers(
+        rs,
+        tuple(anchors),
+        Prefilter(tuple(anchors), [False] * len(anchors)),
+        Classifier(rs),
+        {index[a]: frozenset(r.id for r in v) for a, v in anchors.items()},
+    )
+    if len(_MARKERS) >= 8:  # rule sets of tests come and go
+        _MARKERS.clear()
+    _MARKERS[key] = got
+    return got
+
+
 class MilestoneWatcher:
     """Feed log bytes as they arrive (any chunking); read :attr:`stage` and :attr:`last`."""
 
@@ -46,15 +91,13 @@ class MilestoneWatcher:
         and last line per milestone marker and block, which is enough to follow the stage."""
         rs = ruleset if ruleset is not None else load_rules()
         self._full_left = full_lines
-        rules = [r for r in rs.rules if r.kind == "milestone" and r.stage]
-        anchors: dict[str, list[Rule]] = {}
-        for r in rules:
-            for a in r.anchors:
-                anchors.setdefault(a, []).append(r)
-        self._anchors = tuple(anchors)
-        self._rules = tuple(tuple(v) for v in anchors.values())
-        self._prefilter = Prefilter(self._anchors, [False] * len(self._anchors))
-        self._classifier = Classifier(rs)
+        markers = _markers(rs)
+        self._anchors = markers.anchors
+        self._prefilter = markers.prefilter.clone()
+        self._classifier = markers.classifier
+        self._marker_rules = markers.marker_rules
+        # The milestone rule of a line by its body and level (see _milestone_rule).
+        self._memo: dict[tuple[object, str | None], Rule | None] = {}
         self._pending = b""
         self.lines = 0
         #: the stage of the latest milestone (a requested shutdown is not a stage)
@@ -114,14 +157,9 @@ class MilestoneWatcher:
 
     def _line(self, raw: bytes, line_no: int, at: float) -> Milestone | None:
         line = parse_line(line_no, raw)
-        ids = [i for i, a in enumerate(self._anchors) if a in line.text]
-        if not ids:
+        r = self._milestone_rule(line)
+        if r is None:
             return None
-        rule_ids = {r.id for i in ids for r in self._rules[i]}
-        hit = self._classifier.classify(line, self._all_ids(line.text))
-        if hit is None or hit.rule.id not in rule_ids or hit.rule.stage is None:
-            return None
-        r = hit.rule
         m = Milestone(
             r.stage or "",
             r.id,
@@ -142,6 +180,38 @@ class MilestoneWatcher:
             self.stage, self.stage_since = m.stage, at
         self.last = m
         return m
+
+    def _milestone_rule(self, line: LogLine) -> Rule | None:
+        """The milestone rule (with a stage) claiming ``line``, else ``None``."""
+        # When the body ends the text, the answer depends on the body and level alone: a rule
+        # matches only with an anchor in the body, so anchors of the prefix add candidates that
+        # cannot match (and a parsed line has no traceback role; no shutdown is asked). A crash
+        # loop repeats its milestone bodies at every restart, with new times and pids.
+        body: object = line.body
+        if len(line.body) > _MAX_MEMO_BODY:  # config dumps: remembered by digest, not value
+            digest = hashlib.blake2b(line.body.encode("utf-8", "surrogatepass"), digest_size=16)
+            body = (len(line.body), digest.digest())
+        key = (body, line.level)
+        plain = line.text.endswith(line.body)
+        if plain and key in self._memo:
+            return self._memo[key]
+        ids = self._all_ids(line.text)
+        marker = self._marker_rules
+        rule_ids = [marker[i] for i in ids if i in marker]
+        r = None
+        if rule_ids:
+            hit = self._classifier.classify(line, ids)
+            if (
+                hit is not None
+                and hit.rule.stage is not None
+                and any(hit.rule.id in got for got in rule_ids)
+            ):
+                r = hit.rule
+        if plain:
+            if len(self._memo) >= _MAX_MEMO:
+                self._memo.clear()
+            self._memo[key] = r
+        return r
 
     def _all_ids(self, text: str) -> list[int]:
         # Every rule anchor of the line, so a failure or noise rule still wins over a milestone

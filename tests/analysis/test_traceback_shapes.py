@@ -1,0 +1,206 @@
+"""Traceback shapes that pastes produce (issue 13): indentation drift, headerless frame runs,
+bare exception class names; and the per-line helpers of the dense-log hot path."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kk3evidence.analysis import engine
+from kk3evidence.analysis.engine import analyze
+from kk3evidence.analysis.grammar import TracebackTracker, parse_line
+from kk3evidence.analysis.hang import HangScan
+from kk3evidence.analysis.prefilter import LiteralSet
+
+CORPUS = Path(__file__).resolve().parents[2] / "corpus"
+
+
+def _roles(text: str) -> list[str | None]:
+    t = TracebackTracker()
+    return [t.feed(parse_line(i, ln)).tb_role for i, ln in enumerate(text.split("\n"), 1)]
+
+
+def test_an_exception_line_reindented_after_drifting_frames_ends_the_traceback() -> None:
+    log = (
+        "Traceback (most recent call last):\n"
+        'File "/a/serving.py", line 642, in gen\n'
+        "     parser.process(tok)\n"
+        '   File "/a/harmony.py", line 627, in process\n'
+        "     self._inner.process(tok)\n"
+        " harmony.HarmonyError: Unexpected token 12"
+    )
+    assert _roles(log) == ["header", "frame", "frame", "frame", "frame", "exception"]
+
+
+def test_a_headerless_frame_run_ends_at_a_bare_exception_class_name() -> None:
+    log = (
+        '   File ".../tpu/utils.py", line 205, in make_mesh\n'
+        "     devices = sorted(devices, key=lambda x: x.coords)\n"
+        "   AttributeError"
+    )
+    assert _roles(log) == ["frame", "frame", "exception"]
+
+
+def test_lines_indented_deeper_than_the_frames_stay_frames() -> None:
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/a/x.py", line 1, in f\n'
+        "    ValueError\n"  # a source line that happens to look like a class name
+        "    ~~~~^^^\n"
+        "  [Previous line repeated 996 more times]\n"
+        '  File "/a/y.py", line 2, in g\n'
+        "    Foo: int = 3\n"
+        "RecursionError: maximum recursion depth exceeded"
+    )
+    roles = _roles(log)
+    assert roles[1:7] == ["frame"] * 6
+    assert roles[7] == "exception"
+
+
+def test_a_file_line_that_lost_its_indentation_is_a_frame_inside_a_traceback_only() -> None:
+    inside = 'Traceback (most recent call last):\nFile "/a/x.py", line 1, in f\nKeyError: 1'
+    assert _roles(inside) == ["header", "frame", "exception"]
+    # Outside a traceback a column-0 File line does not open one (it may be any message).
+    assert _roles('File "/a/x.py", line 1, in f\nINFO ready') == [None, None]
+
+
+def test_an_indented_message_line_at_the_frame_indent_needs_the_exception_shape() -> None:
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/a/x.py", line 1, in f\n'
+        "    g()\n"
+        "  and then something\n"  # lowercase: not an exception line, still part of the frames
+        "OSError: [Errno 28] No space left on device"
+    )
+    assert _roles(log) == ["header", "frame", "frame", "frame", "exception"]
+
+
+def test_a_headerless_bare_exception_is_a_fallback_failure() -> None:
+    log = (
+        "INFO 12-01 10:00:00 [api_server.py:1] starting\n"
+        '  File "/v/tpu_inference/utils.py", line 205, in make_mesh\n'
+        "    devices = sorted(devices)\n"
+        "  AttributeError\n"
+    )
+    a = analyze(log)
+    ff = a.first_failure
+    assert ff is not None and ff.line_no == 4 and ff.basis == "fallback"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "b5-crush611-gptoss-harmony-stream-generator-indented",
+        "b5-marin4413-tpu-v6e4-make-optimized-mesh-attributeerror",
+    ],
+)
+def test_the_real_pasted_tracebacks_get_their_labelled_first_line(case: str) -> None:
+    label = tomllib.loads((CORPUS / case / "case.toml").read_text(encoding="utf-8"))
+    data = (CORPUS / case / "output.log").read_bytes()
+    for runs in (True, False):  # the frame-run fast path and the line-by-line path agree
+        try:
+            engine.FRAME_RUNS = runs
+            ff = analyze(data).first_failure
+        finally:
+            engine.FRAME_RUNS = True
+        assert ff is not None and ff.line_no == label["first_line"]
+
+
+_LINES = st.sampled_from(
+    [
+        '  File "/v/vllm/v1/worker/gpu_worker.py", line 9, in load_model',
+        ' File "/x.py", line 2, in g',
+        '   File "/y.py", line 3, in h',
+        'File "/z.py", line 4, in k',
+        "    x = a | b",
+        "     source()",
+        "    ValueError",
+        " openai_harmony.HarmonyError: bad token",
+        "   AttributeError",
+        "  torch.OutOfMemoryError: CUDA out of memory",
+        "  Érreur: non",
+        "  [Previous line repeated 3 more times]",
+        "",
+        "Traceback (most recent call last):",
+        "RuntimeError: boom",
+    ]
+)
+_PREFIXES = st.sampled_from(
+    ["", "(Worker pid=7) ERROR 11-30 01:56:46 [m.py:1] ", "[rank1]: ", "   "]
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(_PREFIXES, _LINES), min_size=1, max_size=30))
+def test_frame_runs_match_line_by_line_on_reindented_tracebacks(
+    lines: list[tuple[str, str]],
+) -> None:
+    head = "(Worker pid=7) ERROR 11-30 01:56:46 [m.py:1] Traceback (most recent call last):\n"
+    data = (head + "".join(p + t + "\n" for p, t in lines)).encode()
+    try:
+        engine.FRAME_RUNS = True
+        fast = analyze(data).to_json()
+        engine.FRAME_RUNS = False
+        slow = analyze(data).to_json()
+    finally:
+        engine.FRAME_RUNS = True
+    assert fast == slow
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.text(alphabet="abé→ \x00", max_size=3), max_size=8),
+    st.text(alphabet="abé→ \x00", max_size=20),
+)
+def test_literal_set_finds_exactly_the_literals_in_a_line(lits: list[str], text: str) -> None:
+    assert LiteralSet(lits).ids(text) == [i for i, a in enumerate(lits) if a in text]
+
+
+def test_ranks_found_late_in_a_block_get_their_own_line_numbers() -> None:
+    world = (
+        "(Worker pid={p}) INFO 12-01 03:47:40 [parallel_state.py:1906] world_size=3 rank={r} "
+        "local_rank={r} distributed_init_method=tcp://127.0.0.1:29612 backend=gloo\n"
+    )
+    block = "".join("filler\n" * 5 + world.format(p=10 + r, r=r) for r in range(3))
+    scan = HangScan()
+    scan.feed(block.encode())
+    assert {r: v.first_line for r, v in scan.ranks.items()} == {0: 6, 1: 12, 2: 18}
+
+
+_BODY_LINES = st.sampled_from(
+    [
+        b'  File "/x.py", line 2, in g',
+        b'   File "/y.py", line 3, in h',
+        b"    x = f(a) | g(b)",
+        b"     source()",
+        b"    ValueError",
+        b" openai_harmony.HarmonyError: bad token",
+        b"   AttributeError",
+        b"  \xc3\x89rreur: non",
+        b"  \x1b[31mred\x1b[0m",
+        b"  across cluster]",
+        b"  x\r",
+        b"  y\rz",
+        b"Traceback (most recent call last):",
+        b"",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_BODY_LINES, min_size=1, max_size=20), st.one_of(st.none(), st.integers(0, 4)))
+def test_the_one_pass_run_cut_equals_the_bytes_find_path(
+    lines: list[bytes], frame_indent: int | None
+) -> None:
+    bodies = b"\n".join(lines)
+    want = min(engine._first_special(bodies), engine._exception_cut(bodies, frame_indent))
+    assert engine._run_cut(bodies, frame_indent) == want
+
+
+def test_the_run_scanner_is_built_where_hyperscan_is_installed() -> None:
+    pytest.importorskip("hyperscan")
+    assert engine._run_scanner()[0] is not None
