@@ -31,7 +31,8 @@ from kk3evidence.errors import EXIT_OK, EXIT_SEVERAL_CHANGED, InputError
 from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.evidence import Evidence
 from kk3evidence.handoff.records import Fingerprint, Library, Request
-from kk3evidence.model import FORMAT_IDS
+from kk3evidence.model import FORMAT_IDS, JSONObject
+from kk3evidence.vllm_args import ServeCommand
 
 __all__ = ["Change", "DiffResult", "diff", "diff_evidence"]
 
@@ -61,7 +62,7 @@ class Change:
     def counted(self) -> bool:
         return self.group != "outcome" and self.explained_by is None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "variable": self.variable,
             "group": self.group,
@@ -91,7 +92,7 @@ class Ignored:
     b: Any
     why: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"what": self.what, "a": self.a, "b": self.b, "why": self.why}
 
 
@@ -129,7 +130,7 @@ class DiffResult:
             return f"exactly one variable changed: {names[0]}"
         return f"{len(names)} variables changed: {', '.join(names)}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "schema": FORMAT_IDS["diff"],
             "a": self.a,
@@ -382,7 +383,7 @@ def _lib_show(lib: Library | None) -> str | None:
 _NOISE_FLAGS = frozenset({"port"})
 
 
-def serve_command(argv: Sequence[str]) -> Any:
+def serve_command(argv: Sequence[str]) -> ServeCommand | None:
     """The argv as a :class:`kk3evidence.vllm_args.ServeCommand`, or None when it is not a
     ``vllm serve`` command (then it is compared token by token)."""
     from kk3evidence import vllm_args
@@ -537,7 +538,7 @@ def _concurrency(ev: Evidence) -> int | None:
     return len(conc) if conc else 1
 
 
-def request_signature(ev: Evidence) -> dict[str, Any]:
+def request_signature(ev: Evidence) -> JSONObject:
     """The request variables of a run: endpoint, input, input length, output cap, concurrency."""
     req = _main_request(ev)
     if req is None:
@@ -621,7 +622,7 @@ def _short(v: Any, n: int = 60) -> Any:
 # --- outcome -------------------------------------------------------------------------------
 
 
-def outcome_of(ev: Evidence) -> dict[str, Any]:
+def outcome_of(ev: Evidence) -> JSONObject:
     ff = ev.first_failure
     req = _main_request(ev)
     return {

@@ -21,13 +21,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from kk3evidence import _resources
 from kk3evidence._version import __version__
 from kk3evidence.bundle.schema import load_toml
 from kk3evidence.errors import InputError
-from kk3evidence.model import FORMAT_IDS
+from kk3evidence.model import FORMAT_IDS, JSONObject
 from kk3evidence.vllm_args import (
     ArgTable,
     FlagValue,
@@ -129,7 +129,7 @@ class ClassifiedFlag:
     variable: str  # ladder step variable (flags with the same variable are restored together)
     group: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "flag": self.name,
             "value": list(self.value) if isinstance(self.value, tuple) else self.value,
@@ -190,7 +190,7 @@ class Minimized:
     def minimal_argv(self) -> list[str]:
         return render_argv(self.minimal)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "source_argv": render_argv(self.source),
             "minimal_argv": self.minimal_argv,
@@ -237,6 +237,46 @@ def minimize(
 # --------------------------------------------------------------------------------------------
 
 
+class RequestJSON(TypedDict):
+    """``RequestSpec.to_json()``: a ladder step's request (schemas/ladder-plan.schema.json)."""
+
+    prompt: str
+    input_tokens: int
+    max_tokens: int
+    temperature: float
+    concurrency: int
+    repeat: int
+    tools: bool
+    model: NotRequired[str]
+
+
+#: ``PlanStep.to_json()`` ("from" is a Python keyword: the functional form)
+StepJSON = TypedDict("StepJSON", {
+    "id": int, "variable": str, "kind": str, "from": str, "to": str, "why": str,
+    "argv": list[str], "env": NotRequired[dict[str, str]], "request": RequestJSON,
+})
+
+
+class PlanHeaderJSON(TypedDict):
+    created: str
+    tool: str
+    vllm_args_table: str
+    source_command: str
+    minimal_command: str
+    request: RequestJSON
+    env_required: NotRequired[list[str]]
+
+
+class LadderPlanJSON(TypedDict):
+    """``build_plan()``: the ladder plan document."""
+
+    schema: str
+    plan: PlanHeaderJSON
+    removed: list[JSONObject]
+    step: list[StepJSON]
+
+
+
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     """What a step sends once the server is ready.
@@ -269,8 +309,8 @@ class RequestSpec:
             parts.append("with tools")
         return ", ".join(parts)
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> RequestJSON:
+        out: RequestJSON = {
             "prompt": self.prompt,
             "input_tokens": self.input_tokens,
             "max_tokens": self.max_tokens,
@@ -284,17 +324,20 @@ class RequestSpec:
         return out
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any], base: RequestSpec | None = None) -> RequestSpec:
+    def from_json(cls, obj: Mapping[str, object], base: RequestSpec | None = None
+                  ) -> RequestSpec:
+        # int()/float() accept what a hand-written plan gives (strings too); bad values raise
+        o: Mapping[str, Any] = obj
         b = base or cls()
         return cls(
-            prompt=str(obj.get("prompt", b.prompt)),
-            input_tokens=int(obj.get("input_tokens", b.input_tokens)),
-            max_tokens=int(obj.get("max_tokens", b.max_tokens)),
-            temperature=float(obj.get("temperature", b.temperature)),
-            concurrency=int(obj.get("concurrency", b.concurrency)),
-            repeat=int(obj.get("repeat", b.repeat)),
-            tools=bool(obj.get("tools", b.tools)),
-            model=obj.get("model", b.model),
+            prompt=str(o.get("prompt", b.prompt)),
+            input_tokens=int(o.get("input_tokens", b.input_tokens)),
+            max_tokens=int(o.get("max_tokens", b.max_tokens)),
+            temperature=float(o.get("temperature", b.temperature)),
+            concurrency=int(o.get("concurrency", b.concurrency)),
+            repeat=int(o.get("repeat", b.repeat)),
+            tools=bool(o.get("tools", b.tools)),
+            model=o.get("model", b.model),
         )
 
 
@@ -310,8 +353,8 @@ class PlanStep:
     env: Mapping[str, str] = field(default_factory=dict)
     kind: str = "argv"  # argv | request | baseline
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> StepJSON:
+        out: dict[str, object] = {
             "id": self.id,
             "variable": self.variable,
             "kind": self.kind,
@@ -322,8 +365,8 @@ class PlanStep:
         }
         if self.env:
             out["env"] = dict(self.env)
-        out["request"] = self.request.to_json()
-        return out
+        out["request"] = self.request.to_json()  # last, after env: the plan file's key order
+        return cast(StepJSON, out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,7 +513,7 @@ def _secret_ref(name: str, value: FlagValue) -> FlagValue:
 
 def build_plan(
     mini: Minimized, options: PlanOptions | None = None, *, created: str | None = None
-) -> dict[str, Any]:
+) -> LadderPlanJSON:
     """The ladder plan (a JSON-like dict; see ``schemas/ladder-plan.schema.json``)."""
     b = _PlanBuilder(mini, options or PlanOptions())
     b.add(
@@ -634,7 +677,7 @@ class _PlanBuilder:
 
 
 def _plan_json(mini: Minimized, steps: list[PlanStep], env: dict[str, str],
-               created: str | None) -> dict[str, Any]:
+               created: str | None) -> LadderPlanJSON:
     src, table = mini.source, mini.source.table
 
     def shell(flags: Mapping[str, FlagValue]) -> str:
@@ -642,7 +685,7 @@ def _plan_json(mini: Minimized, steps: list[PlanStep], env: dict[str, str],
             program=src.program, model=src.model,
             flags={n: _secret_ref(n, v) for n, v in flags.items()}, env=env, table=table))
 
-    plan: dict[str, Any] = {
+    plan: LadderPlanJSON = {
         "schema": PLAN_SCHEMA,
         "plan": {
             "created": created or datetime.now(UTC).isoformat(timespec="seconds"),
@@ -733,19 +776,20 @@ def _toml_table(lines: list[str], obj: Mapping[str, Any], header: str) -> None:
         _toml_table(lines, v, f"[{name}.{_toml_key(k)}]")
 
 
-def plan_to_toml(plan: Mapping[str, Any]) -> str:
+def plan_to_toml(plan: LadderPlanJSON | Mapping[str, object]) -> str:
     """Render a plan as TOML (``tomllib.loads`` gives the same dict back)."""
+    p: Mapping[str, Any] = plan  # a built plan or one read back from TOML/JSON
     lines = [
         "# kk3evidence ladder plan: step 0 is the minimal command with the guide's fixed request;",
         "# every later step changes exactly one variable. Run it: kk3evidence ladder PLAN -o DIR",
-        f"schema = {_toml_str(plan['schema'])}",
+        f"schema = {_toml_str(p['schema'])}",
         "",
     ]
-    _toml_table(lines, plan["plan"], "[plan]")
-    for r in plan.get("removed", []):
+    _toml_table(lines, p["plan"], "[plan]")
+    for r in p.get("removed", []):
         lines.append("")
         _toml_table(lines, {k: v for k, v in r.items() if v is not None}, "[[removed]]")
-    for s in plan.get("step", []):
+    for s in p.get("step", []):
         lines.append("")
         _toml_table(lines, s, "[[step]]")
     return "\n".join(lines) + "\n"

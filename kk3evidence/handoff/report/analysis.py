@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kk3evidence.analysis.hang import describe_stall
-from kk3evidence.model import Analysis, Finding
+from kk3evidence.model import Analysis, Finding, JSONObject
 
 _MAX_CONSEQUENCES_SHOWN = 12
 
@@ -51,7 +51,7 @@ def basis_note(ff: Finding, info: dict[str, Any]) -> str | None:
     return None
 
 
-def spec_json(a: Analysis) -> dict[str, Any]:
+def spec_json(a: Analysis) -> JSONObject:
     """SPEC §4 JSON (engine extras ride on the first failure's ``findings`` entry)."""
     return a.to_json()
 

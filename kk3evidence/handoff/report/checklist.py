@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from kk3evidence.handoff.compat import container_cuda
 from kk3evidence.handoff.diff import DiffResult, request_signature, serve_command
@@ -128,7 +129,7 @@ def _first_error_kept(r: Round) -> Judgement:
         return "fail", text(lang, "ck4_fail_missing")
     if ff is not None:
         return "pass", text(lang, "ck4_pass", lines=lines_total, line_no=ff.get("line_no"),
-                            before=max(0, int(ff.get("line_no") or 1) - 1))
+                            before=max(0, int(cast(int, ff.get("line_no") or 1)) - 1))
     return "pass", text(lang, "ck4_pass_ok", lines=lines_total)
 
 

@@ -4,12 +4,13 @@ flags, the round's own variable, the checklist item record."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from kk3evidence.errors import Kk3Error
 from kk3evidence.handoff.diff import DiffResult, serve_command
 from kk3evidence.handoff.evidence import Evidence, Request
 from kk3evidence.handoff.report.i18n import Lang, text
+from kk3evidence.model import JSONObject
 
 Status = Literal["pass", "fail", "unknown"]
 
@@ -45,7 +46,7 @@ class ChecklistItem:
     status: Status
     why: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"key": self.key, "title": self.title, "status": self.status, "why": self.why}
 
 

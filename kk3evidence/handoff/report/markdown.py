@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
 from kk3evidence._version import __version__
@@ -304,7 +304,7 @@ def _failure(ev: Evidence, lang: Lang) -> list[Block]:
                      category=ff.get("category"),
                      rule=ff.get("rule"), line_no=ff.get("line_no"), process=proc))]
     if ev.log_window:
-        out += [Para(text(lang, "fail_lines")), Lines(ev.log_window, int(ff["line_no"]))]
+        out += [Para(text(lang, "fail_lines")), Lines(ev.log_window, int(cast(int, ff["line_no"])))]
     else:
         out.append(Code(str(ff.get("text") or ""), "text"))
     cons = (ev.analysis or {}).get("consequences") or []
@@ -362,7 +362,7 @@ def timeline(ev: Evidence, lang: Lang) -> Timeline | None:
             end = max(end, start + float(took))  # time in the stage, until the next one began
         spans.append((str(s.get("stage")), str(s.get("status")), start, end))
     ff = ev.first_failure
-    failure_at = at(int(ff["line_no"])) if ff and ff.get("line_no") else None
+    failure_at = at(int(cast(int, ff["line_no"]))) if ff and ff.get("line_no") else None
     ready = ev.launch.ready_seconds
     ready_at = float(ready) if unit == "s" and isinstance(ready, int | float) else None
     labels = {"ready": text(lang, "tl_ready"), "failure": text(lang, "tl_first_failure"),
