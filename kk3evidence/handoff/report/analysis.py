@@ -5,10 +5,8 @@ Renderers return strings; only ``cli/`` prints them.
 
 from __future__ import annotations
 
-from typing import Any
-
 from kk3evidence.analysis.hang import describe_stall
-from kk3evidence.model import Analysis, Finding, JSONObject
+from kk3evidence.model import Analysis, FailureContext, Finding, JSONObject, RuleInfo
 
 _MAX_CONSEQUENCES_SHOWN = 12
 
@@ -25,20 +23,22 @@ def _secs(value: float | None) -> str:
     return f"{value / 60:.1f} min"
 
 
-def _rule_info(a: Analysis) -> dict[str, Any]:
-    info = a.extra.get("first_failure_rule")
-    return info if isinstance(info, dict) else {}
+_NO_RULE = RuleInfo(name="", summary="", why="", next_steps=(), severity="")
+
+
+def _rule_info(a: Analysis) -> RuleInfo:
+    return a.extra.rule or _NO_RULE
 
 
 def _context_lines(a: Analysis, ff: Finding) -> list[tuple[int, str, bool]]:
-    ctx = a.extra.get("first_failure_context") or {}
-    rows: list[tuple[int, str, bool]] = [(int(n), str(t), False) for n, t in ctx.get("before", [])]
+    ctx = a.extra.context or FailureContext()
+    rows = [(c.line_no, c.text, False) for c in ctx.before]
     rows.append((ff.line_no, ff.text, True))
-    rows += [(int(n), str(t), False) for n, t in ctx.get("after", [])]
+    rows += [(c.line_no, c.text, False) for c in ctx.after]
     return rows
 
 
-def basis_note(ff: Finding, info: dict[str, Any]) -> str | None:
+def basis_note(ff: Finding, info: RuleInfo | None) -> str | None:
     """One sentence on how trustworthy the match is: a fallback (the rule set did not know
     this failure) or an experimental rule."""
     if ff.basis == "fallback":
@@ -46,7 +46,7 @@ def basis_note(ff: Finding, info: dict[str, Any]) -> str | None:
             "The rule set did not know this failure: this line is the strongest evidence "
             f"found (fallback {ff.rule}); read it with the lines around it."
         )
-    if info.get("status") == "experimental":
+    if info is not None and info.status == "experimental":
         return f"Rule {ff.rule} is experimental: it was written recently and is less tested."
     return None
 
@@ -90,7 +90,7 @@ def render_text(a: Analysis) -> str:
     info = _rule_info(a)
     out.append(
         f"First causal failure: line {ff.line_no}, stage {ff.stage}, category {ff.category}, "
-        f"rule {ff.rule}" + (f" ({info['name']})" if info.get("name") else "")
+        f"rule {ff.rule}" + (f" ({info.name})" if info.name else "")
     )
     if ff.process:
         out.append(f"  process: {ff.process}")
@@ -104,14 +104,14 @@ def render_text(a: Analysis) -> str:
         # The first causal line is never cut: its numbers are what the next steps ask for.
         out.append(f"  {'>' if cur else ' '} {n:>{width}} | {t if cur else _clip(t)}")
     out += _engine_numbers(a)
-    if info.get("summary"):
-        out += ["", f"What: {info['summary']}"]
-    if info.get("why"):
-        out.append(f"Why:  {info['why']}")
-    if info.get("next_steps"):
+    if info.summary:
+        out += ["", f"What: {info.summary}"]
+    if info.why:
+        out.append(f"Why:  {info.why}")
+    if info.next_steps:
         out.append("Next steps:")
-        out += [f"  {i}. {s}" for i, s in enumerate(info["next_steps"], 1)]
-    for note in a.extra.get("notes", []):
+        out += [f"  {i}. {s}" for i, s in enumerate(info.next_steps, 1)]
+    for note in a.extra.notes:
         out.append(f"Note: {note}")
     if a.stall:
         out += ["", *(_clip(x, 300) for x in describe_stall(a.stall))]
@@ -147,7 +147,7 @@ def render_markdown(a: Analysis) -> str:
         "## First causal failure",
         "",
         f"- line **{ff.line_no}**, stage **{ff.stage}**, category **{ff.category}**",
-        f"- rule `{ff.rule}`" + (f" ({info['name']})" if info.get("name") else ""),
+        f"- rule `{ff.rule}`" + (f" ({info.name})" if info.name else ""),
         f"- process: `{ff.process}`" if ff.process else "- process: (unprefixed)",
     ]
     note = basis_note(ff, info)
@@ -157,12 +157,12 @@ def render_markdown(a: Analysis) -> str:
     for n, t, cur in _context_lines(a, ff):
         out.append(f"{'>' if cur else ' '} {n}: {t}")
     out += ["```", ""]
-    if info.get("summary"):
-        out += [f"**What happened.** {info['summary']}", ""]
-    if info.get("why"):
-        out += [f"**Why it matters.** {info['why']}", ""]
-    if info.get("next_steps"):
-        out += ["**Next steps.**", ""] + [f"1. {s}" for s in info["next_steps"]] + [""]
+    if info.summary:
+        out += [f"**What happened.** {info.summary}", ""]
+    if info.why:
+        out += [f"**Why it matters.** {info.why}", ""]
+    if info.next_steps:
+        out += ["**Next steps.**", ""] + [f"1. {s}" for s in info.next_steps] + [""]
     if a.stall:
         out += ["## Where progress stopped", "", "```text", *describe_stall(a.stall), "```", ""]
     if a.consequences:
