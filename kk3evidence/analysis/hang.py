@@ -270,7 +270,7 @@ class HangScan:
         self._last_ts = (no, when)
 
 
-def waiting_in(frames: Sequence[Mapping[str, Any]]) -> tuple[str, str, str] | None:
+def waiting_in(frames: Sequence[Mapping[str, object]]) -> tuple[str, str, str] | None:
     """``(what, stage, frame)`` for a thread's frames (innermost first), or ``None``."""
     for what, stage, markers in _WAITS:
         for f in frames:
