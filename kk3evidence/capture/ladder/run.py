@@ -44,7 +44,7 @@ from kk3evidence.capture.ladder.fit import Fit, count_tokens, fit_prompt
 from kk3evidence.errors import InputError, Kk3Error, UsageError
 from kk3evidence.handoff.diff import diff
 from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec, step_variables
-from kk3evidence.model import FORMAT_IDS
+from kk3evidence.model import FORMAT_IDS, JSONObject
 
 __all__ = [
     "LADDER_STATE_SCHEMA",
@@ -204,7 +204,7 @@ def long_prompt(tokens: int) -> str:
     return words + "\nSummarize the text above in one sentence."
 
 
-def request_body(spec: RequestSpec, model: str | None) -> dict[str, Any]:
+def request_body(spec: RequestSpec, model: str | None) -> JSONObject:
     content = long_prompt(spec.input_tokens) if spec.input_tokens else spec.prompt
     body: dict[str, Any] = {
         "model": spec.model or model,
@@ -268,7 +268,7 @@ class Outcome:
             )
         return ", ".join(parts)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "ready": self.ready,
             "failure": None
@@ -310,7 +310,7 @@ class StepRecord:
     seconds: float
     request_summaries: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "id": self.id,
             "variable": self.variable,
@@ -353,7 +353,7 @@ class LadderResult:
     def exit_code(self) -> int:
         return 0 if self.verdict == "stable" else 3
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "schema": FORMAT_IDS["ladder-result"],
             "verdict": self.verdict,
