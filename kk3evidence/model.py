@@ -89,7 +89,7 @@ class Finding:
     #: line numbers of the other ranks' copies folded into this finding
     folded: tuple[int, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         out: dict[str, Any] = {
             "line_no": self.line_no,
             "rule": self.rule,
@@ -118,7 +118,7 @@ class StageSpan:
     started_s: float | None = None
     seconds: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         out: dict[str, Any] = {
             "stage": self.stage,
             "status": self.status,
@@ -313,7 +313,7 @@ class Problem:
     expected: str | None = None
     actual: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "code": self.code,
             "message": self.message,
