@@ -89,7 +89,7 @@ class Finding:
     #: line numbers of the other ranks' copies folded into this finding
     folded: tuple[int, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         out: dict[str, Any] = {
             "line_no": self.line_no,
             "rule": self.rule,
@@ -118,7 +118,7 @@ class StageSpan:
     started_s: float | None = None
     seconds: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         out: dict[str, Any] = {
             "stage": self.stage,
             "status": self.status,
@@ -132,6 +132,101 @@ class StageSpan:
 
 
 @dataclass(frozen=True, slots=True)
+class RuleInfo:
+    """What the rule behind the first causal failure says (rides on its ``findings`` entry)."""
+
+    name: str
+    summary: str
+    why: str
+    next_steps: tuple[str, ...]
+    severity: str
+    #: None for the stall verdict (no rule file behind it): then the JSON has no key
+    status: str | None = None
+
+    def to_json(self) -> JSONObject:
+        out: JSONObject = {"name": self.name, "summary": self.summary, "why": self.why,
+                           "next_steps": list(self.next_steps), "severity": self.severity}
+        if self.status is not None:
+            out["status"] = self.status
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ContextLine:
+    line_no: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailureContext:
+    """The log lines around the first causal failure (``analyze --context``)."""
+
+    before: tuple[ContextLine, ...] = ()
+    after: tuple[ContextLine, ...] = ()
+
+    def to_json(self) -> JSONObject:
+        return {"before": [[c.line_no, c.text] for c in self.before],
+                "after": [[c.line_no, c.text] for c in self.after]}
+
+    @classmethod
+    def from_json(cls, data: object) -> FailureContext:
+        """From ``{"before": [[n, text]...], "after": [...]}``; rows of another shape are
+        skipped."""
+        d = data if isinstance(data, dict) else {}
+
+        def rows(v: object) -> tuple[ContextLine, ...]:
+            return tuple(ContextLine(r[0], str(r[1]))
+                         for r in (v if isinstance(v, list | tuple) else ())
+                         if isinstance(r, list | tuple) and len(r) == 2 and isinstance(r[0], int))
+
+        return cls(rows(d.get("before")), rows(d.get("after")))
+
+
+@dataclass(frozen=True, slots=True)
+class AnalysisExtra:
+    """What the engine knows beyond SPEC §4's top-level keys.
+
+    ``rule``, ``captures``, ``context`` and ``notes`` are written on the first failure's
+    ``findings`` entry (as ``rule_name``/``summary``/``why``/``next_steps``/``rule_status``,
+    ``captures``, ``context``, ``notes``); the other fields stay in memory.
+    """
+
+    #: the first failure's pattern captures (name -> text), in pattern order
+    captures: tuple[tuple[str, str], ...] = ()
+    rule: RuleInfo | None = None
+    context: FailureContext | None = None
+    notes: tuple[str, ...] = ()
+    findings_truncated: int = 0  # findings dropped past the cap
+    long_lines_truncated: int = 0  # lines cut to the kept length
+    shutdown_requested_line: int | None = None
+    ready_line: int | None = None
+
+    @classmethod
+    def from_finding_json(cls, entry: object) -> AnalysisExtra:
+        """Read the extras back from a first-failure ``findings`` entry of an analysis JSON
+        (0.1 or 0.2: missing or mistyped keys give empty fields)."""
+        e = entry if isinstance(entry, dict) else {}
+        caps = e.get("captures")
+        steps = e.get("next_steps")
+        rule = None
+        if isinstance(e.get("rule_name"), str):
+            rule = RuleInfo(
+                name=str(e["rule_name"]), summary=str(e.get("summary") or ""),
+                why=str(e.get("why") or ""),
+                next_steps=tuple(str(x) for x in steps) if isinstance(steps, list) else (),
+                severity=str(e.get("severity") or "error"),
+                status=str(e["rule_status"]) if isinstance(e.get("rule_status"), str) else None)
+        notes = e.get("notes")
+        return cls(
+            captures=tuple((str(k), str(v)) for k, v in caps.items())
+            if isinstance(caps, dict) else (),
+            rule=rule,
+            context=FailureContext.from_json(e["context"]) if "context" in e else None,
+            notes=tuple(str(n) for n in notes) if isinstance(notes, list) else (),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Analysis:
     """The result of analysing one log (SPEC §4)."""
 
@@ -142,7 +237,7 @@ class Analysis:
     first_failure: Finding | None
     consequences: tuple[Finding, ...]
     findings: tuple[Finding, ...]
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: AnalysisExtra = field(default_factory=AnalysisExtra)
     #: SPEC §4 (0.2): where and since when progress stopped (``basis == "stall"``), else None
     stall: dict[str, Any] | None = None
     #: SPEC §4 (0.2): the configuration vLLM itself reported at start, else None
@@ -193,19 +288,18 @@ class Analysis:
         }
 
 
-def _attach_extras(entry: dict[str, Any], extra: dict[str, Any]) -> None:
+def _attach_extras(entry: dict[str, Any], extra: AnalysisExtra) -> None:
     entry["first_failure"] = True
-    info = extra.get("first_failure_rule") or {}
-    for key in ("name", "summary", "why", "next_steps", "status"):
-        if key in info:
-            entry[{"name": "rule_name", "status": "rule_status"}.get(key, key)] = info[key]
-    for src, dst in (
-        ("first_failure_captures", "captures"),
-        ("first_failure_context", "context"),
-        ("notes", "notes"),
-    ):
-        if src in extra:
-            entry[dst] = extra[src]
+    if extra.rule is not None:
+        for key, value in extra.rule.to_json().items():
+            if key != "severity":  # the finding has its own severity
+                entry[{"name": "rule_name", "status": "rule_status"}.get(key, key)] = value
+    if extra.captures:
+        entry["captures"] = dict(extra.captures)
+    if extra.context is not None:
+        entry["context"] = extra.context.to_json()
+    if extra.notes:
+        entry["notes"] = list(extra.notes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +313,7 @@ class Problem:
     expected: str | None = None
     actual: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "code": self.code,
             "message": self.message,

@@ -26,7 +26,7 @@ from typing import Any, TypeAlias
 
 from kk3evidence import _resources
 from kk3evidence.errors import InputError
-from kk3evidence.model import FORMAT_IDS
+from kk3evidence.model import FORMAT_IDS, JSONObject
 
 __all__ = [
     "DEFAULT",
@@ -298,7 +298,7 @@ class ServeCommand:
         v = self.flags.get("gpu-memory-utilization")
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    def get(self, name: str, default: Any = None) -> Any:
+    def get(self, name: str, default: object = None) -> Any:
         """A flag's value by canonical name, alias or any spelling (``-tp``, ``--max_num_seqs``)."""
         key = self._canonical(name)
         if key == "model":
@@ -350,7 +350,7 @@ class ServeCommand:
             table=self.table,
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "program": list(self.program),
             "model": self.model,
@@ -818,7 +818,7 @@ class FlagChange:
     def describe(self) -> str:
         return f"{self.name}: {_show(self.a, self.a_default)} -> {_show(self.b, self.b_default)}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "name": self.name,
             "a": list(self.a) if isinstance(self.a, tuple) else self.a,

@@ -1,7 +1,6 @@
 """scripts/long-functions: no function in the package is longer than 80 lines (STYLE.md, issue 9).
 
-One case per package folder, so that each is switched on when its split lands (handoff is
-being split in parallel: enable it by removing its mark)."""
+One case per package folder, so a failure names the layer to look at."""
 
 from __future__ import annotations
 
@@ -21,9 +20,7 @@ PACKAGES = [
     "cli",
     "analysis",
     "bundle",
-    pytest.param(
-        "handoff", marks=pytest.mark.skip(reason="issue 9: handoff's split is not merged yet")
-    ),
+    "handoff",
 ]
 
 

@@ -41,7 +41,7 @@ from kk3evidence.analysis.rules import Rule, RuleSet, StageHints, load_rules, lo
 from kk3evidence.analysis.stall_inputs import bundle_stall_inputs
 from kk3evidence.bundle.archive import open_bundle
 from kk3evidence.errors import InputError
-from kk3evidence.model import Analysis
+from kk3evidence.model import Analysis, AnalysisExtra, ContextLine, FailureContext, RuleInfo
 
 __all__ = ["AnalysisEngine", "analyze"]
 
@@ -293,32 +293,23 @@ class AnalysisEngine:
             policy=self._c.hints,
             category_hints=self._cat_events,
         )
-        extra: dict[str, Any] = {}
-        if res.first_captures:
-            extra["first_failure_captures"] = res.first_captures
-        if res.first_failure is not None:
-            rule = self._c.ruleset.get(res.first_failure.rule)
-            if rule is not None:
-                extra["first_failure_rule"] = {
-                    "name": rule.name,
-                    "summary": rule.summary,
-                    "why": rule.why,
-                    "next_steps": list(rule.next_steps),
-                    "severity": rule.severity,
-                    "status": rule.status,
-                }
-        if res.first_failure is not None and res.first_failure.line_no in self._context:
-            extra["first_failure_context"] = self._context[res.first_failure.line_no]
-        if res.notes:
-            extra["notes"] = list(res.notes)
-        if self._hits_dropped:
-            extra["findings_truncated"] = self._hits_dropped
-        if self._long_lines:
-            extra["long_lines_truncated"] = self._long_lines
-        if self._shutdown_line is not None:
-            extra["shutdown_requested_line"] = self._shutdown_line
-        if self._ready_line is not None:
-            extra["ready_line"] = self._ready_line
+        ff = res.first_failure
+        rule = self._c.ruleset.get(ff.rule) if ff is not None else None
+        ctx = self._context.get(ff.line_no) if ff is not None else None
+        extra = AnalysisExtra(
+            captures=tuple(res.first_captures.items()),
+            rule=None if rule is None else RuleInfo(
+                name=rule.name, summary=rule.summary, why=rule.why,
+                next_steps=tuple(rule.next_steps), severity=rule.severity, status=rule.status),
+            context=None if ctx is None else FailureContext(
+                before=tuple(ContextLine(n, t) for n, t in ctx["before"]),
+                after=tuple(ContextLine(n, t) for n, t in ctx["after"])),
+            notes=tuple(res.notes),
+            findings_truncated=self._hits_dropped,
+            long_lines_truncated=self._long_lines,
+            shutdown_requested_line=self._shutdown_line,
+            ready_line=self._ready_line,
+        )
         return Analysis(
             source=self.source,
             lines_total=self.lines,

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kk3evidence.model import JSONObject
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -162,7 +164,7 @@ class EngineConfigCollector:
             self._done.add(marker)
 
     def add_line(
-        self, text: str, line_no: int, parse: Callable[[str], dict[str, Any]] | None = None
+        self, text: str, line_no: int, parse: Callable[[str], JSONObject] | None = None
     ) -> None:
         """Record the values one line states (the first statement of each value wins)."""
         body = _ANSI.sub("", text).rsplit("\r", 1)[-1]
@@ -178,13 +180,13 @@ class EngineConfigCollector:
                 self.values[key] = value
                 self.lines[key] = line_no
 
-    def result(self) -> dict[str, Any] | None:
+    def result(self) -> JSONObject | None:
         if not self.values:
             return None
         return {**self.values, "lines": dict(self.lines)}
 
 
-def engine_config_of_lines(lines: list[str]) -> dict[str, Any] | None:
+def engine_config_of_lines(lines: list[str]) -> JSONObject | None:
     """The engine config stated by ``lines`` (tests and tools that hold a log in memory)."""
     col = EngineConfigCollector()
     for no, text in enumerate(lines, start=1):

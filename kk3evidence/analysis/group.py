@@ -47,7 +47,7 @@ from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import RuleSet
 from kk3evidence.bundle.archive import Bundle, open_bundle
 from kk3evidence.errors import InputError
-from kk3evidence.model import Analysis, Finding
+from kk3evidence.model import Analysis, Finding, JSONObject
 from kk3evidence.vllm_args import parse_serve_argv
 
 GROUP_SCHEMA = "kk3evidence/group-analysis/v1"
@@ -111,7 +111,7 @@ class ClockOffset:
     method: str  # "shared-events" | "wall-clock"
     pairs: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "offset_s": round(self.offset_s, 6),
             "bound_s": None if self.bound_s is None else round(self.bound_s, 6),
@@ -134,7 +134,7 @@ class Event:
     text: str
     process: str | None
 
-    def to_json(self, t0: float) -> dict[str, Any]:
+    def to_json(self, t0: float) -> JSONObject:
         return {
             "t": round(self.t - t0, 6),
             "node": self.node,
@@ -638,7 +638,7 @@ class NodeLike(Protocol):
     @property
     def fingerprint(self) -> Mapping[str, Any]: ...
     @property
-    def launch(self) -> Mapping[str, Any]: ...
+    def launch(self) -> Mapping[str, object]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -781,7 +781,7 @@ def _library_findings(nodes: Sequence[NodeLike]) -> Iterator[dict[str, Any]]:
                 yield found
 
 
-def consistency(nodes: Sequence[NodeLike]) -> list[dict[str, Any]]:
+def consistency(nodes: Sequence[NodeLike]) -> list[JSONObject]:
     """Every difference between the nodes that should not differ in one launch."""
     data = group_data()
     return [
@@ -797,7 +797,7 @@ def _t0(g: GroupAnalysis) -> float:
     return g.timeline[0].t if g.timeline else 0.0
 
 
-def to_json(g: GroupAnalysis, sources: Iterable[str] = ()) -> dict[str, Any]:
+def to_json(g: GroupAnalysis, sources: Iterable[str] = ()) -> JSONObject:
     """The SPEC §4 object for the group (``first_failure.node`` set; ``line_no`` is in that
     node's log), plus a top-level ``group`` with the nodes, clocks, timeline, matrix and the
     consistency findings (additive: consumers ignore what they do not know)."""

@@ -22,7 +22,7 @@ from typing import Any
 
 from kk3evidence.analysis.grammar import parse_line
 from kk3evidence.analysis.progress import MilestoneWatcher
-from kk3evidence.model import Analysis, Finding, StageSpan
+from kk3evidence.model import Analysis, Finding, RuleInfo, StageSpan
 
 __all__ = [
     "STALL_RULE",
@@ -274,7 +274,7 @@ class HangScan:
         self._last_ts = (no, when)
 
 
-def waiting_in(frames: Sequence[Mapping[str, Any]]) -> tuple[str, str, str] | None:
+def waiting_in(frames: Sequence[Mapping[str, object]]) -> tuple[str, str, str] | None:
     """``(what, stage, frame)`` for a thread's frames (innermost first), or ``None``."""
     for what, stage, markers in _WAITS:
         for f in frames:
@@ -381,14 +381,14 @@ def _stalled(analysis: Analysis, inputs: StallInputs) -> bool:
     if ff is not None:
         return ff.category == "hang"
     launch, snapshots = inputs.launch, inputs.snapshots
-    ready = "ready_line" in analysis.extra or analysis.last_stage_reached in (
+    ready = analysis.extra.ready_line is not None or analysis.last_stage_reached in (
         "api_ready",
         "serving",
     )
     exited_ok = launch is not None and launch.get("exit_code") == 0
     # From a log alone (a slice, maybe) a start-up without ready line may simply go on: only a
     # stop requested before ready is evidence. A bundle knows how the run ended.
-    stopped = launch is not None or "shutdown_requested_line" in analysis.extra
+    stopped = launch is not None or analysis.extra.shutdown_requested_line is not None
     started = analysis.last_stage_reached is not None or bool(snapshots)
     return not (ready or exited_ok or not started or not (stopped or snapshots))
 
@@ -455,14 +455,13 @@ def _with_verdict(
     # The stall line may be a classified warning: the verdict takes its place.
     kept = [f for f in analysis.findings if f.line_no != no]
     findings = tuple(sorted((*kept, finding), key=lambda f: f.line_no))
-    extra = dict(analysis.extra)
-    extra["first_failure_rule"] = {
-        "name": "start-up-stopped-moving",
-        "summary": stall["summary"],
-        "why": "The run never became ready and no line states a failure: progress stopped.",
-        "next_steps": list(stall["next_steps"]),
-        "severity": "fatal",
-    }
+    extra = replace(analysis.extra, rule=RuleInfo(
+        name="start-up-stopped-moving",
+        summary=stall["summary"],
+        why="The run never became ready and no line states a failure: progress stopped.",
+        next_steps=tuple(stall["next_steps"]),
+        severity="fatal",
+    ))
     return replace(
         analysis,
         first_failure=finding,
@@ -487,7 +486,7 @@ def _progress_limit(
     """The first line that cannot be the last progress: the requested shutdown, the lines
     after the first stall snapshot, or those received after capture began to stop the run."""
     limits: list[int] = []
-    shutdown = analysis.extra.get("shutdown_requested_line")
+    shutdown = analysis.extra.shutdown_requested_line
     if isinstance(shutdown, int):
         limits.append(shutdown)
     for s in inputs.snapshots[:1]:

@@ -1285,7 +1285,7 @@ class BundleWriter:
         self._streams.append(fp)
         return fp
 
-    def set_group(self, group: Mapping[str, Any] | None) -> None:
+    def set_group(self, group: Mapping[str, object] | None) -> None:
         """Name the multi-node group this bundle belongs to (SPEC §3, 0.2; saved immediately,
         written into ``manifest.json["group"]`` at :meth:`finalize`)."""
         self._group = dict(group) if group is not None else None

@@ -217,7 +217,7 @@ def run_attach(
     opts: AttachOptions,
     *,
     say: Callable[[str], None],
-    nvml: Any = None,
+    nvml: object = None,
     container_root: str = "/",
 ) -> runmod.CaptureResult:
     """Write the bundle of the running server ``opts.pid``; never signals it."""

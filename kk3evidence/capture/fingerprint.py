@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kk3evidence.model import FORMAT_IDS
+from kk3evidence.model import FORMAT_IDS, JSONObject
 
 FINGERPRINT_SCHEMA = FORMAT_IDS["fingerprint"]
 
@@ -95,7 +95,7 @@ class ProbeRecord:
     error: str | None = None
     truncated: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "name": self.name,
             "ok": self.ok,
@@ -133,7 +133,7 @@ def run_probe(name: str, fn: Callable[[], T], timeout: float) -> tuple[T | None,
 
 
 # ---------------------------------------------------------------------------------------- host
-def collect_host() -> dict[str, Any]:
+def collect_host() -> JSONObject:
     uname = os.uname()
     os_name = None
     try:
@@ -304,7 +304,7 @@ def collect_container(
     image: str | None = None,
     image_id: str | None = None,
     root: str = "/",
-) -> dict[str, Any]:
+) -> JSONObject:
     """Container runtime and image, with how each value was learned (``*_source``)."""
     base = Path(root)
     out: dict[str, Any] = {
@@ -494,7 +494,7 @@ def probe_python(
     raise RuntimeError(f"{interpreter} probe exited {proc.returncode}: {tail[0]}")
 
 
-def empty_python(source: str) -> dict[str, Any]:
+def empty_python(source: str) -> JSONObject:
     return {
         "interpreter": None,
         "python_version": None,
@@ -574,7 +574,7 @@ def collect_base(
     fp: Fingerprint,
     env: Mapping[str, str],
     *,
-    nvml: Any = None,
+    nvml: object = None,
     image: str | None = None,
     image_id: str | None = None,
     timeout: float = 10.0,
@@ -608,7 +608,7 @@ def collect(
     argv: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     *,
-    nvml: Any = None,
+    nvml: object = None,
     image: str | None = None,
     image_id: str | None = None,
     timeout: float = 10.0,

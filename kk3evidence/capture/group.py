@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kk3evidence.errors import UsageError
+from kk3evidence.model import JSONObject
 from kk3evidence.vllm_args import is_vllm_serve, parse_serve_argv
 
 #: group ids follow the bundle id grammar so they are safe in file names and JSON
@@ -56,7 +57,7 @@ class GroupInfo:
     detail: Mapping[str, str]
     clock: Mapping[str, Any]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "id": self.group_id,
             "source": self.source,
@@ -196,7 +197,7 @@ def resolve(
     env: Mapping[str, str],
     *,
     host: str | None = None,
-    clock: Mapping[str, Any] | None = None,
+    clock: Mapping[str, object] | None = None,
 ) -> GroupInfo | None:
     """The group of this capture, or None.
 
@@ -248,7 +249,7 @@ def resolve(
 
 
 # ---------------------------------------------------------------------------------- clocks
-def clock_sample(label: str) -> dict[str, Any]:
+def clock_sample(label: str) -> JSONObject:
     """One wall/monotonic pair read back to back (the pair's own error is their gap)."""
     m0 = time.monotonic_ns()
     wall = time.time_ns()
@@ -299,7 +300,7 @@ def _run(cmd: list[str]) -> tuple[str | None, str | None]:
     return text, None
 
 
-def ntp_offset() -> dict[str, Any]:
+def ntp_offset() -> JSONObject:
     """The NTP offset chrony or timesyncd reports, or why none was readable."""
     errors: list[str] = []
     for source, cmd, parse in (
@@ -316,7 +317,7 @@ def ntp_offset() -> dict[str, Any]:
     return {"source": None, "offset_s": None, "error": "; ".join(errors)}
 
 
-def clock_evidence() -> dict[str, Any]:
+def clock_evidence() -> JSONObject:
     return {"samples": [clock_sample("start")], "ntp": ntp_offset()}
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from kk3evidence.handoff import prompts
-from kk3evidence.model import FORMAT_IDS
+from kk3evidence.model import FORMAT_IDS, JSONObject
 
 REQUEST_SCHEMA = FORMAT_IDS["request"]
 DEFAULT_PORT = 8000
@@ -32,7 +32,7 @@ FIXED_PROMPT = "고정된 짧은 테스트 문장에 답하세요."
 MAX_BODY_CHARS = 1_000_000
 
 
-def default_request_body(model: str | None) -> dict[str, Any]:
+def default_request_body(model: str | None) -> JSONObject:
     return {
         "model": model,
         "messages": [{"role": "user", "content": FIXED_PROMPT}],
@@ -53,7 +53,7 @@ class ApiTarget:
     api_key: str | None = None
     how: str = "vLLM defaults"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"host": self.host, "port": self.port, "base_url": self.base_url}
 
 
@@ -225,7 +225,7 @@ def _decode_body(resp: httpx.Response) -> tuple[Any, bool]:
     return text[:MAX_BODY_CHARS], truncated
 
 
-def body_sha256(body: Any) -> str:
+def body_sha256(body: object) -> str:
     return hashlib.sha256(
         json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8")
     ).hexdigest()
@@ -237,12 +237,12 @@ def send_request(
     name: str,
     kind: str,
     url: str,
-    body: Any,
+    body: object,
     headers: Mapping[str, str],
     shown_headers: Mapping[str, str],
     timeout: float,
     method: str = "POST",
-) -> dict[str, Any]:
+) -> JSONObject:
     """Send one request; the record is ``requests/<name>.json`` (headers already redacted)."""
     record: dict[str, Any] = {
         "schema": REQUEST_SCHEMA,

@@ -33,7 +33,7 @@ from typing import Any
 from kk3evidence.analysis.progress import MilestoneWatcher
 from kk3evidence.capture import snapshot as snap
 from kk3evidence.errors import UsageError
-from kk3evidence.model import STAGES
+from kk3evidence.model import STAGES, JSONObject
 
 __all__ = [
     "DEFAULT_STAGE_BUDGETS",
@@ -103,7 +103,7 @@ class StopRecord:
     ended_by: str | None = None
     at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "reason": self.reason,
             "at": self.at,

@@ -83,5 +83,5 @@ def _json_escape(c: str) -> str:
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
-def echo_json(obj: Any) -> None:
+def echo_json(obj: object) -> None:
     click.echo(safe_json(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False)))

@@ -207,12 +207,12 @@ def _print_plan(plan: Mapping[str, Any], wrote: str | None) -> None:
     steps = plan["step"]
     click.echo(f"Ladder plan ({len(steps)} steps, one variable each):")
     for s in steps:
-        r = s["request"]
+        rq = s["request"]
         req = (
-            f"input {'~' + str(r['input_tokens']) if r['input_tokens'] else 'fixed'}, "
-            f"max_tokens {r['max_tokens']}, concurrency {r['concurrency']}"
-            + (f", x{r['repeat']}" if r["repeat"] > 1 else "")
-            + (", tools" if r["tools"] else "")
+            f"input {'~' + str(rq['input_tokens']) if rq['input_tokens'] else 'fixed'}, "
+            f"max_tokens {rq['max_tokens']}, concurrency {rq['concurrency']}"
+            + (f", x{rq['repeat']}" if rq["repeat"] > 1 else "")
+            + (", tools" if rq["tools"] else "")
         )
         click.echo(f"  {s['id']:>2}  {s['variable']:<24} {s['from']} → {s['to']}   [{req}]")
     if plan["plan"].get("env_required"):

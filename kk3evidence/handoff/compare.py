@@ -39,7 +39,7 @@ from kk3evidence.handoff.compat import check_evidence, load_compat_rules
 from kk3evidence.handoff.diff import request_signature, serve_command
 from kk3evidence.handoff.evidence import Evidence, other_gpu_processes
 from kk3evidence.handoff.records import Fingerprint
-from kk3evidence.model import FORMAT_IDS
+from kk3evidence.model import FORMAT_IDS, JSONObject
 
 __all__ = ["Comparison", "Decision", "RunGroup", "compare", "compare_evidence"]
 
@@ -89,7 +89,7 @@ class RunGroup:
             return "single run"
         return "stable" if len(self.signatures) == 1 else "varies"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "config": self.config,
             "environment": self.environment,
@@ -110,7 +110,7 @@ class Decision:
     def text(self) -> str:
         return ACTION_TEXT[self.action]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"action": self.action, "text": self.text, "reasons": list(self.reasons),
                 "evidence": list(self.evidence)}
 
@@ -121,7 +121,7 @@ class Comparison:
     groups: tuple[RunGroup, ...]
     decision: Decision
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "schema": FORMAT_IDS["compare"],
             "runs": self.runs.to_dicts(),

@@ -25,7 +25,7 @@ from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.diff import serve_command
 from kk3evidence.handoff.evidence import Evidence
 from kk3evidence.handoff.records import Fingerprint
-from kk3evidence.model import FORMAT_IDS
+from kk3evidence.model import FORMAT_IDS, JSONObject
 
 __all__ = [
     "CheckResult",
@@ -66,7 +66,7 @@ class RuleResult:
     reason: str  # one line: why pass / fail / unknown
     evidence: tuple[str, ...]  # "where: value" strings the verdict used
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         r = self.rule
         return {
             "id": r.id,
@@ -108,7 +108,7 @@ class CheckResult:
             out[r.status] += 1
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "schema": FORMAT_IDS["check"],
             "source": self.source,
@@ -201,7 +201,7 @@ def recipes() -> list[str]:
 
 
 
-def parse_version(text: Any) -> tuple[int, ...] | None:
+def parse_version(text: object) -> tuple[int, ...] | None:
     """``"0.32.0+cpu"`` -> (0, 32, 0); ``"580.65.06"`` -> (580, 65, 6); ``13000`` -> (13, 0)."""
     if text is None:
         return None

@@ -31,7 +31,8 @@ from kk3evidence.errors import EXIT_OK, EXIT_SEVERAL_CHANGED, InputError
 from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.evidence import Evidence
 from kk3evidence.handoff.records import Fingerprint, Library, Request
-from kk3evidence.model import FORMAT_IDS
+from kk3evidence.model import FORMAT_IDS, JSONObject
+from kk3evidence.vllm_args import ServeCommand
 
 __all__ = ["Change", "DiffResult", "diff", "diff_evidence"]
 
@@ -61,7 +62,7 @@ class Change:
     def counted(self) -> bool:
         return self.group != "outcome" and self.explained_by is None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "variable": self.variable,
             "group": self.group,
@@ -91,7 +92,7 @@ class Ignored:
     b: Any
     why: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"what": self.what, "a": self.a, "b": self.b, "why": self.why}
 
 
@@ -129,7 +130,7 @@ class DiffResult:
             return f"exactly one variable changed: {names[0]}"
         return f"{len(names)} variables changed: {', '.join(names)}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "schema": FORMAT_IDS["diff"],
             "a": self.a,
@@ -202,8 +203,35 @@ def _is_driver_library(name: str) -> bool:
 _ONE_SIDED = "recorded on one side only: cannot tell whether it changed"
 
 
+@dataclass(frozen=True, slots=True)
+class _Causes:
+    """What changed underneath the other fingerprint fields (they are explained by it)."""
+
+    image_changed: bool
+    image_label: str
+    driver_changed: bool
+    gpus_changed: bool
+    cvd_changed: bool
+
+
 def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ignored]) -> None:
     fa, fb = a.fingerprint, b.fingerprint
+    image_changed, image_label = _diff_image(fa, fb, out, ign)
+    causes = _Causes(
+        image_changed=image_changed,
+        image_label=image_label,
+        driver_changed=fa.gpus.driver_version != fb.gpus.driver_version,
+        gpus_changed=_diff_gpus(fa, fb, out, ign),
+        cvd_changed=fa.env.get("CUDA_VISIBLE_DEVICES") != fb.env.get("CUDA_VISIBLE_DEVICES"),
+    )
+    _diff_fp_fields(fa, fb, causes, out, ign)
+    _diff_libraries(fa, fb, causes, out, ign)
+    _fingerprint_noise(fa, fb, ign)
+
+
+def _diff_image(fa: Fingerprint, fb: Fingerprint, out: list[Change],
+                ign: list[Ignored]) -> tuple[bool, str]:
+    """The container runtime and image; returns (image changed, the label that explains)."""
     # The container runtime is always known: None means no container was detected.
     rt_a, rt_b = fa.container.runtime, fb.container.runtime
     runtime_changed = rt_a != rt_b
@@ -246,8 +274,12 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
                                   explained_by="container runtime"))
             else:
                 ign.append(Ignored(what, va, vb, _ONE_SIDED))
+    return image_changed, image_label
 
-    driver_changed = fa.gpus.driver_version != fb.gpus.driver_version
+
+def _diff_gpus(fa: Fingerprint, fb: Fingerprint, out: list[Change],
+               ign: list[Ignored]) -> bool:
+    """The GPU set (by identity); True when it changed on two known sides."""
     gpus_a, gpus_b = _gpu_identity(fa), _gpu_identity(fb)
     gpus_changed = gpus_a != gpus_b and gpus_a is not None and gpus_b is not None
     if gpus_changed:
@@ -255,22 +287,25 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
                           _gpu_summary(gpus_a), _gpu_summary(gpus_b), "GPUs"))
     elif gpus_a != gpus_b:
         ign.append(Ignored("GPUs", _gpu_summary(gpus_a), _gpu_summary(gpus_b), _ONE_SIDED))
+    return gpus_changed
 
-    cvd_changed = fa.env.get("CUDA_VISIBLE_DEVICES") != fb.env.get("CUDA_VISIBLE_DEVICES")
+
+def _diff_fp_fields(fa: Fingerprint, fb: Fingerprint, causes: _Causes, out: list[Change],
+                    ign: list[Ignored]) -> None:
     for path, label, cause, get in _FP_FIELDS:
         va = cast(Any, get(fa))
         vb = cast(Any, get(fb))
         if va == vb:
             continue
         explained: str | None = None
-        if cause == "image" and image_changed:
-            explained = image_label
-        elif cause == "gpus.driver_version" and driver_changed:
+        if cause == "image" and causes.image_changed:
+            explained = causes.image_label
+        elif cause == "gpus.driver_version" and causes.driver_changed:
             explained = "NVIDIA driver"
-        elif cause == "gpus" and (gpus_changed or cvd_changed):
-            explained = "GPUs" if gpus_changed else "env CUDA_VISIBLE_DEVICES"
+        elif cause == "gpus" and (causes.gpus_changed or causes.cvd_changed):
+            explained = "GPUs" if causes.gpus_changed else "env CUDA_VISIBLE_DEVICES"
         elif (va is None) != (vb is None):
-            if gpus_changed and path.startswith("gpus."):
+            if causes.gpus_changed and path.startswith("gpus."):
                 explained = "GPUs"  # GPUs on one side only: their driver comes with them
             else:
                 # Not collected on one side (a probe failed or timed out): unknown, not a change.
@@ -279,6 +314,9 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
         out.append(Change(f"fingerprint:{path}", "fingerprint", va, vb, label,
                           explained_by=explained))
 
+
+def _diff_libraries(fa: Fingerprint, fb: Fingerprint, causes: _Causes, out: list[Change],
+                    ign: list[Ignored]) -> None:
     libs_a, libs_b = _libraries(fa), _libraries(fb)
     if bool(libs_a) != bool(libs_b):
         ign.append(Ignored("loaded libraries", len(libs_a), len(libs_b),
@@ -289,14 +327,16 @@ def _diff_fingerprint(a: Evidence, b: Evidence, out: list[Change], ign: list[Ign
         if (la and (la.version, la.path)) == (lb and (lb.version, lb.path)):
             continue
         explained = None
-        if _is_driver_library(name) and driver_changed:
+        if _is_driver_library(name) and causes.driver_changed:
             explained = "NVIDIA driver"
-        elif image_changed:
-            explained = image_label
+        elif causes.image_changed:
+            explained = causes.image_label
         out.append(Change(f"fingerprint:library:{name}", "fingerprint", _lib_show(la),
                           _lib_show(lb), f"loaded library {name}", explained_by=explained))
 
-    # Noise: recorded so a reader sees it was looked at.
+
+def _fingerprint_noise(fa: Fingerprint, fb: Fingerprint, ign: list[Ignored]) -> None:
+    """Noise: recorded so a reader sees it was looked at."""
     for path, va, vb, why in (
         ("collected_at", fa.raw.get("collected_at"), fb.raw.get("collected_at"), "timestamp"),
         ("host.hostname", fa.host.hostname, fb.host.hostname,
@@ -343,7 +383,7 @@ def _lib_show(lib: Library | None) -> str | None:
 _NOISE_FLAGS = frozenset({"port"})
 
 
-def serve_command(argv: Sequence[str]) -> Any:
+def serve_command(argv: Sequence[str]) -> ServeCommand | None:
     """The argv as a :class:`kk3evidence.vllm_args.ServeCommand`, or None when it is not a
     ``vllm serve`` command (then it is compared token by token)."""
     from kk3evidence import vllm_args
@@ -498,7 +538,7 @@ def _concurrency(ev: Evidence) -> int | None:
     return len(conc) if conc else 1
 
 
-def request_signature(ev: Evidence) -> dict[str, Any]:
+def request_signature(ev: Evidence) -> JSONObject:
     """The request variables of a run: endpoint, input, input length, output cap, concurrency."""
     req = _main_request(ev)
     if req is None:
@@ -582,7 +622,7 @@ def _short(v: Any, n: int = 60) -> Any:
 # --- outcome -------------------------------------------------------------------------------
 
 
-def outcome_of(ev: Evidence) -> dict[str, Any]:
+def outcome_of(ev: Evidence) -> JSONObject:
     ff = ev.first_failure
     req = _main_request(ev)
     return {

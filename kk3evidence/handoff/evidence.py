@@ -14,11 +14,12 @@ import collections
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kk3evidence.analysis.engine_config import EngineConfig
 from kk3evidence.errors import BundleError, InputError
 from kk3evidence.handoff.records import Fingerprint, Launch, Notes, PrefixProbe, Request
+from kk3evidence.model import JSONValue
 
 __all__ = [
     "Evidence", "Fingerprint", "Launch", "LogLine", "Notes", "Request", "coerce", "from_dicts",
@@ -67,7 +68,7 @@ class Evidence:
         return EngineConfig.from_json((self.analysis or {}).get("engine_config"))
 
     @property
-    def first_failure(self) -> Mapping[str, Any] | None:
+    def first_failure(self) -> Mapping[str, JSONValue] | None:
         if not self.analysis:
             return None
         ff = self.analysis.get("first_failure")
@@ -86,12 +87,12 @@ class Evidence:
 def from_dicts(
     source: str,
     *,
-    manifest: Mapping[str, Any] | None = None,
-    fingerprint: Mapping[str, Any] | Fingerprint | None = None,
-    launch: Mapping[str, Any] | Launch | None = None,
-    notes: Mapping[str, Any] | Notes | None = None,
-    analysis: Mapping[str, Any] | None = None,
-    requests: Sequence[Mapping[str, Any] | Request] = (),
+    manifest: Mapping[str, object] | None = None,
+    fingerprint: Mapping[str, object] | Fingerprint | None = None,
+    launch: Mapping[str, object] | Launch | None = None,
+    notes: Mapping[str, object] | Notes | None = None,
+    analysis: Mapping[str, JSONValue] | None = None,
+    requests: Sequence[Mapping[str, object] | Request] = (),
     metrics: Mapping[str, str] | None = None,
     log_lines: Iterable[str] | None = None,
 ) -> Evidence:
@@ -100,7 +101,8 @@ def from_dicts(
     tail: tuple[LogLine, ...] = ()
     if log_lines is not None:
         ff = (analysis or {}).get("first_failure") if analysis else None
-        target = int(ff["line_no"]) if isinstance(ff, Mapping) and "line_no" in ff else None
+        target = (int(cast(int, ff["line_no"])) if isinstance(ff, Mapping) and "line_no" in ff
+                  else None)
         window, tail = _windows((s.encode() for s in log_lines), target)
     return Evidence(
         source=source,

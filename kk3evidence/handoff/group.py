@@ -19,6 +19,7 @@ from kk3evidence.analysis import group as _group
 from kk3evidence.errors import EXIT_INCOMPATIBLE, EXIT_OK, EXIT_SEVERAL_CHANGED, UsageError
 from kk3evidence.handoff.compat import CheckResult, check
 from kk3evidence.handoff.diff import DiffResult, diff
+from kk3evidence.model import JSONObject
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class GroupCheck:
         bad = any(r.exit_code != EXIT_OK for _n, r in self.nodes) or bool(self.consistency)
         return EXIT_INCOMPATIBLE if bad else EXIT_OK
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "schema": "kk3evidence/group-check/v1",
             "nodes": [{"node": n, **r.to_json()} for n, r in self.nodes],
@@ -73,7 +74,7 @@ class GroupDiff:
             return f"exactly one variable changed: {names[0]}"
         return f"{len(names)} variables changed: " + ", ".join(names)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "schema": "kk3evidence/group-diff/v1",
             "pairs": [{"node": n, **d.to_json()} for n, d in self.pairs],

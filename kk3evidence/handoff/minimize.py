@@ -21,14 +21,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from kk3evidence import _resources
 from kk3evidence._version import __version__
 from kk3evidence.bundle.schema import load_toml
 from kk3evidence.errors import InputError
 from kk3evidence.handoff import prompts
-from kk3evidence.model import FORMAT_IDS
+from kk3evidence.model import FORMAT_IDS, JSONObject
 from kk3evidence.vllm_args import (
     ArgTable,
     FlagValue,
@@ -130,7 +130,7 @@ class ClassifiedFlag:
     variable: str  # ladder step variable (flags with the same variable are restored together)
     group: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "flag": self.name,
             "value": list(self.value) if isinstance(self.value, tuple) else self.value,
@@ -191,7 +191,7 @@ class Minimized:
     def minimal_argv(self) -> list[str]:
         return render_argv(self.minimal)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "source_argv": render_argv(self.source),
             "minimal_argv": self.minimal_argv,
@@ -238,6 +238,46 @@ def minimize(
 # --------------------------------------------------------------------------------------------
 
 
+class RequestJSON(TypedDict):
+    """``RequestSpec.to_json()``: a ladder step's request (schemas/ladder-plan.schema.json)."""
+
+    prompt: str
+    input_tokens: int
+    max_tokens: int
+    temperature: float
+    concurrency: int
+    repeat: int
+    tools: bool
+    model: NotRequired[str]
+
+
+#: ``PlanStep.to_json()`` ("from" is a Python keyword: the functional form)
+StepJSON = TypedDict("StepJSON", {
+    "id": int, "variable": str, "kind": str, "from": str, "to": str, "why": str,
+    "argv": list[str], "env": NotRequired[dict[str, str]], "request": RequestJSON,
+})
+
+
+class PlanHeaderJSON(TypedDict):
+    created: str
+    tool: str
+    vllm_args_table: str
+    source_command: str
+    minimal_command: str
+    request: RequestJSON
+    env_required: NotRequired[list[str]]
+
+
+class LadderPlanJSON(TypedDict):
+    """``build_plan()``: the ladder plan document."""
+
+    schema: str
+    plan: PlanHeaderJSON
+    removed: list[JSONObject]
+    step: list[StepJSON]
+
+
+
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     """What a step sends once the server is ready.
@@ -270,8 +310,8 @@ class RequestSpec:
             parts.append("with tools")
         return ", ".join(parts)
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> RequestJSON:
+        out: RequestJSON = {
             "prompt": self.prompt,
             "input_tokens": self.input_tokens,
             "max_tokens": self.max_tokens,
@@ -285,17 +325,20 @@ class RequestSpec:
         return out
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any], base: RequestSpec | None = None) -> RequestSpec:
+    def from_json(cls, obj: Mapping[str, object], base: RequestSpec | None = None
+                  ) -> RequestSpec:
+        # int()/float() accept what a hand-written plan gives (strings too); bad values raise
+        o: Mapping[str, Any] = obj
         b = base or cls()
         return cls(
-            prompt=str(obj.get("prompt", b.prompt)),
-            input_tokens=int(obj.get("input_tokens", b.input_tokens)),
-            max_tokens=int(obj.get("max_tokens", b.max_tokens)),
-            temperature=float(obj.get("temperature", b.temperature)),
-            concurrency=int(obj.get("concurrency", b.concurrency)),
-            repeat=int(obj.get("repeat", b.repeat)),
-            tools=bool(obj.get("tools", b.tools)),
-            model=obj.get("model", b.model),
+            prompt=str(o.get("prompt", b.prompt)),
+            input_tokens=int(o.get("input_tokens", b.input_tokens)),
+            max_tokens=int(o.get("max_tokens", b.max_tokens)),
+            temperature=float(o.get("temperature", b.temperature)),
+            concurrency=int(o.get("concurrency", b.concurrency)),
+            repeat=int(o.get("repeat", b.repeat)),
+            tools=bool(o.get("tools", b.tools)),
+            model=o.get("model", b.model),
         )
 
 
@@ -311,8 +354,8 @@ class PlanStep:
     env: Mapping[str, str] = field(default_factory=dict)
     kind: str = "argv"  # argv | request | baseline
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> StepJSON:
+        out: dict[str, object] = {
             "id": self.id,
             "variable": self.variable,
             "kind": self.kind,
@@ -323,8 +366,8 @@ class PlanStep:
         }
         if self.env:
             out["env"] = dict(self.env)
-        out["request"] = self.request.to_json()
-        return out
+        out["request"] = self.request.to_json()  # last, after env: the plan file's key order
+        return cast(StepJSON, out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,32 +514,10 @@ def _secret_ref(name: str, value: FlagValue) -> FlagValue:
 
 def build_plan(
     mini: Minimized, options: PlanOptions | None = None, *, created: str | None = None
-) -> dict[str, Any]:
+) -> LadderPlanJSON:
     """The ladder plan (a JSON-like dict; see ``schemas/ladder-plan.schema.json``)."""
-    opts = options or PlanOptions()
-    table = mini.source.table
-    order = list(mini.source.flags)  # restored flags go back to their production position
-    current: dict[str, FlagValue] = dict(mini.minimal.flags)
-    steps: list[PlanStep] = []
-    req = RequestSpec()
-    # Secret-looking environment values go into the plan by name only.
-    env = {k: f"${{{k}}}" if _secret_env(k) else v for k, v in mini.source.env.items()}
-
-    def argv_now() -> tuple[str, ...]:
-        # production order, then flags only the minimal command has (--no-enable-prefix-caching)
-        names = [n for n in order if n in current] + [n for n in current if n not in order]
-        flags = {n: _secret_ref(n, current[n]) for n in names}
-        cmd = ServeCommand(
-            program=mini.source.program, model=mini.source.model, flags=flags, table=table
-        )
-        return tuple(render_argv(cmd))
-
-    def add(variable: str, kind: str, frm: str, to: str, why: str) -> None:
-        steps.append(
-            PlanStep(len(steps), variable, frm, to, argv_now(), req, why, env=env, kind=kind)
-        )
-
-    add(
+    b = _PlanBuilder(mini, options or PlanOptions())
+    b.add(
         "baseline",
         "baseline",
         "production command",
@@ -504,35 +525,85 @@ def build_plan(
         "the guide: keep only what starts the engine and send one fixed request "
         "(same input, output cap, temperature, path every time)",
     )
+    # the guide's order: one variable per step, the business wrapper last
+    b.prefix_caching()  # 1.
+    b.restore("context-length")  # 2. the server side of a longer input
+    b.longer_input()  # 3.
+    b.larger_output()  # 4.
+    b.load_and_concurrency()  # 5.
+    b.restore(  # 6.
+        "multi-node",
+        "the guide: add multi-node communication alone, after a stable single node; restored "
+        "as one variable because these flags only work together (start the other nodes too)",
+    )
+    b.tool_calls()  # 7.
+    # 8. other features, then observability, then the business wrapper (last)
+    for wanted in ("feature", "multi-node", "load", "observability", "business-wrapper"):
+        b.restore_class(wanted)
+    return _plan_json(mini, b.steps, b.env, created)
 
-    by_var: dict[str, list[ClassifiedFlag]] = {}
-    for c in mini.removed:
-        if c.cls != "unknown":
-            by_var.setdefault(c.variable, []).append(c)
 
-    def restore(variable: str, why: str | None = None) -> bool:
-        group = by_var.pop(variable, None)
+class _PlanBuilder:
+    """The ladder's steps as they are added: the command and request each step runs with."""
+
+    def __init__(self, mini: Minimized, opts: PlanOptions) -> None:
+        self.mini = mini
+        self.opts = opts
+        self.src = mini.source
+        self.order = list(mini.source.flags)  # restored flags go back to their production place
+        self.current: dict[str, FlagValue] = dict(mini.minimal.flags)
+        self.steps: list[PlanStep] = []
+        self.req = RequestSpec()
+        # Secret-looking environment values go into the plan by name only.
+        self.env = {k: f"${{{k}}}" if _secret_env(k) else v for k, v in mini.source.env.items()}
+        self.by_var: dict[str, list[ClassifiedFlag]] = {}
+        for c in mini.removed:
+            if c.cls != "unknown":
+                self.by_var.setdefault(c.variable, []).append(c)
+        self.ctx, self.ctx_from = _context(self.src, opts)
+
+    def argv_now(self) -> tuple[str, ...]:
+        # production order, then flags only the minimal command has (--no-enable-prefix-caching)
+        names = [n for n in self.order if n in self.current]
+        names += [n for n in self.current if n not in self.order]
+        flags = {n: _secret_ref(n, self.current[n]) for n in names}
+        cmd = ServeCommand(
+            program=self.src.program, model=self.src.model, flags=flags, table=self.src.table
+        )
+        return tuple(render_argv(cmd))
+
+    def add(self, variable: str, kind: str, frm: str, to: str, why: str) -> None:
+        self.steps.append(PlanStep(len(self.steps), variable, frm, to, self.argv_now(),
+                                   self.req, why, env=self.env, kind=kind))
+
+    def restore(self, variable: str, why: str | None = None) -> bool:
+        group = self.by_var.pop(variable, None)
         if not group:
             return False
         frm = "absent" if len(group) == 1 else f"{len(group)} flags absent"
         to = " ".join(_fmt_value(c.name, _secret_ref(c.name, c.value)) for c in group)
         for c in group:
-            current[c.name] = c.value
-        add(variable, "argv", frm, to, why or group[0].why)
+            self.current[c.name] = c.value
+        self.add(variable, "argv", frm, to, why or group[0].why)
         return True
 
-    src = mini.source
-    ctx, ctx_from = _context(src, opts)
-    block = src.block_size or 16
+    def restore_class(self, cls: str) -> None:
+        for var in [v for v, cs in list(self.by_var.items()) if cs[0].cls == cls]:
+            self.restore(var)
 
-    # 1. prefix caching: first the same long prompt twice without the cache (a request-only
-    #    step on the baseline server), then the flag alone with that same request
-    default_on = current.get(PREFIX_FLAG) is False and src.get(PREFIX_FLAG) is None
-    if "prefix-caching" in by_var or default_on:
-        probe = prompts.prefix_probe_words(block, ctx, req.max_tokens,
-                                           at_least=opts.prefix_probe_tokens, margin=PROMPT_MARGIN)
-        req = replace(req, input_tokens=probe, repeat=2)
-        add(
+    def prefix_caching(self) -> None:
+        """First the same long prompt twice without the cache (a request-only step on the
+        baseline server), then the flag alone with that same request."""
+        src, opts, req, ctx = self.src, self.opts, self.req, self.ctx
+        default_on = self.current.get(PREFIX_FLAG) is False and src.get(PREFIX_FLAG) is None
+        if "prefix-caching" not in self.by_var and not default_on:
+            return
+        block = src.block_size or 16
+        probe = prompts.prefix_probe_words(
+            block, ctx, req.max_tokens, at_least=opts.prefix_probe_tokens, margin=PROMPT_MARGIN
+        )
+        self.req = replace(req, input_tokens=probe, repeat=2)
+        self.add(
             "prefix-probe",
             "request",
             "fixed prompt once",
@@ -543,103 +614,86 @@ def build_plan(
         why = ("the guide: prefix caching is never in the first baseline; add "
                "--enable-prefix-caching alone with the same prompt (longer than one KV block) "
                "sent twice; compare both logs and whether the second request hits the cache")
-        if not restore("prefix-caching", why):
+        if not self.restore("prefix-caching", why):
             # production gives no flag: it runs with vLLM's default, on for the V1 engine
-            current.pop(PREFIX_FLAG, None)
-            add("prefix-caching", "argv", "--no-enable-prefix-caching",
-                "absent (vLLM's default: on for the V1 engine)", why)
+            self.current.pop(PREFIX_FLAG, None)
+            self.add("prefix-caching", "argv", "--no-enable-prefix-caching",
+                     "absent (vLLM's default: on for the V1 engine)", why)
 
-    # 2. context length (the server side of a longer input)
-    restore("context-length")
+    def longer_input(self) -> None:
+        """Input + the current output cap stays inside the context."""
+        req = self.req
+        long_in, note = _long_input(self.opts, self.ctx, self.ctx_from, req.max_tokens)
+        if long_in > req.input_tokens or req.repeat > 1:
+            self.req = replace(req, input_tokens=max(long_in, req.input_tokens), repeat=1)
+            self.add(
+                "input_tokens",
+                "request",
+                f"{req.input_tokens or 'fixed prompt'}",
+                f"~{self.req.input_tokens} tokens",
+                "the guide: increase only the input length" + note,
+            )
 
-    # 3. longer input: input + the current output cap stays inside the context
-    long_in, note = _long_input(opts, ctx, ctx_from, req.max_tokens)
-    if long_in > req.input_tokens or req.repeat > 1:
-        before = req
-        req = replace(req, input_tokens=max(long_in, req.input_tokens), repeat=1)
-        add(
-            "input_tokens",
-            "request",
-            f"{before.input_tokens or 'fixed prompt'}",
-            f"~{req.input_tokens} tokens",
-            "the guide: increase only the input length" + note,
-        )
+    def larger_output(self) -> None:
+        """The current input + the cap stays inside the context."""
+        req = self.req
+        big, note = _large_output(self.opts, self.ctx, self.ctx_from,
+                                  req.input_tokens or FIXED_PROMPT_TOKENS)
+        if big > req.max_tokens:
+            self.req = replace(req, max_tokens=big)
+            self.add(
+                "max_tokens",
+                "request",
+                str(req.max_tokens),
+                str(big),
+                "the guide: increase only the output cap" + note,
+            )
 
-    # 4. larger output cap: the current input + the cap stays inside the context
-    big, note = _large_output(opts, ctx, ctx_from, req.input_tokens or FIXED_PROMPT_TOKENS)
-    if big > req.max_tokens:
-        before_mt = req.max_tokens
-        req = replace(req, max_tokens=big)
-        add(
-            "max_tokens",
-            "request",
-            str(before_mt),
-            str(big),
-            "the guide: increase only the output cap" + note,
-        )
+    def load_and_concurrency(self) -> None:
+        """The server's load settings, one at a time, then concurrency."""
+        self.restore_class("load")
+        seqs = self.src.get("max-num-seqs")
+        conc = self.opts.concurrency or (seqs if isinstance(seqs, int) and seqs > 1 else 32)
+        if conc > 1:
+            self.req = replace(self.req, concurrency=conc)
+            self.add(
+                "concurrency",
+                "request",
+                "1",
+                str(conc),
+                "the guide: increase only the concurrency (N identical requests at once)",
+            )
 
-    # 5. the server's load settings, one at a time, then concurrency
-    for var in [v for v, cs in list(by_var.items()) if cs[0].cls == "load"]:
-        restore(var)
-    seqs = src.get("max-num-seqs")
-    conc = opts.concurrency or (seqs if isinstance(seqs, int) and seqs > 1 else 32)
-    if conc > 1:
-        req = replace(req, concurrency=conc)
-        add(
-            "concurrency",
-            "request",
-            "1",
-            str(conc),
-            "the guide: increase only the concurrency (N identical requests at once)",
-        )
+    def tool_calls(self) -> None:
+        """Agent tool calls: the parser first (argv), then a request that uses tools."""
+        if self.restore("tool-calls"):
+            self.req = replace(self.req, tools=True)
+            self.add(
+                "tools",
+                "request",
+                "no tools",
+                "tools + tool_choice auto",
+                "the guide: add agent tool calls alone (same server, a request with a tool)",
+            )
 
-    # 6. multi-node
-    restore(
-        "multi-node",
-        "the guide: add multi-node communication alone, after a stable single node; restored "
-        "as one variable because these flags only work together (start the other nodes too)",
-    )
 
-    # 7. agent tool calls: the parser first (argv), then a request that uses tools
-    if restore("tool-calls"):
-        req = replace(req, tools=True)
-        add(
-            "tools",
-            "request",
-            "no tools",
-            "tools + tool_choice auto",
-            "the guide: add agent tool calls alone (same server, a request with a tool)",
-        )
+def _plan_json(mini: Minimized, steps: list[PlanStep], env: dict[str, str],
+               created: str | None) -> LadderPlanJSON:
+    src, table = mini.source, mini.source.table
 
-    # 8. other features, then observability, then the business wrapper (last)
-    for wanted in ("feature", "multi-node", "load", "observability", "business-wrapper"):
-        for var in [v for v, cs in list(by_var.items()) if cs[0].cls == wanted]:
-            restore(var)
+    def shell(flags: Mapping[str, FlagValue]) -> str:
+        return render_shell(ServeCommand(
+            program=src.program, model=src.model,
+            flags={n: _secret_ref(n, v) for n, v in flags.items()}, env=env, table=table))
 
-    plan: dict[str, Any] = {
+    plan: LadderPlanJSON = {
         "schema": PLAN_SCHEMA,
         "plan": {
             "created": created or datetime.now(UTC).isoformat(timespec="seconds"),
             "tool": f"kk3evidence {__version__}",
             "vllm_args_table": mini.table_source,
-            "source_command": render_shell(
-                ServeCommand(
-                    program=src.program,
-                    model=src.model,
-                    flags={n: _secret_ref(n, v) for n, v in src.flags.items()},
-                    env=env,
-                    table=table,
-                )
-            ),
-            "minimal_command": render_shell(
-                ServeCommand(
-                    program=src.program,
-                    model=src.model,
-                    flags={n: _secret_ref(n, v) for n, v in mini.minimal.flags.items()},
-                    env=env,
-                    table=table,
-                )
-            ),
+            "source_command": shell(src.flags),
+            "minimal_command": shell(mini.minimal.flags),
             "request": RequestSpec().to_json(),
         },
         "removed": [
@@ -723,19 +777,20 @@ def _toml_table(lines: list[str], obj: Mapping[str, Any], header: str) -> None:
         _toml_table(lines, v, f"[{name}.{_toml_key(k)}]")
 
 
-def plan_to_toml(plan: Mapping[str, Any]) -> str:
+def plan_to_toml(plan: LadderPlanJSON | Mapping[str, object]) -> str:
     """Render a plan as TOML (``tomllib.loads`` gives the same dict back)."""
+    p: Mapping[str, Any] = plan  # a built plan or one read back from TOML/JSON
     lines = [
         "# kk3evidence ladder plan: step 0 is the minimal command with the guide's fixed request;",
         "# every later step changes exactly one variable. Run it: kk3evidence ladder PLAN -o DIR",
-        f"schema = {_toml_str(plan['schema'])}",
+        f"schema = {_toml_str(p['schema'])}",
         "",
     ]
-    _toml_table(lines, plan["plan"], "[plan]")
-    for r in plan.get("removed", []):
+    _toml_table(lines, p["plan"], "[plan]")
+    for r in p.get("removed", []):
         lines.append("")
         _toml_table(lines, {k: v for k, v in r.items() if v is not None}, "[[removed]]")
-    for s in plan.get("step", []):
+    for s in p.get("step", []):
         lines.append("")
         _toml_table(lines, s, "[[step]]")
     return "\n".join(lines) + "\n"

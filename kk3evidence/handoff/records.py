@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kk3evidence.model import JSONValue
+
 
 def _obj(v: object) -> Mapping[str, Any]:
     return v if isinstance(v, Mapping) else {}
@@ -322,7 +324,7 @@ class Request:
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
-    def body(self) -> Mapping[str, Any]:
+    def body(self) -> Mapping[str, JSONValue]:
         return _obj(self.request_body)
 
     @classmethod
@@ -338,9 +340,10 @@ class Request:
             raw=dict(d),
         )
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: JSONValue = None) -> JSONValue:
         """The raw member's value (fields that have no record field, e.g. a probe's extras)."""
-        return self.raw.get(key, default)
+        value: JSONValue = self.raw.get(key, default)
+        return value
 
 
 # --- probes/prefix_probe.json --------------------------------------------------------------

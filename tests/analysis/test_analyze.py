@@ -154,7 +154,7 @@ def test_fifty_megabyte_single_line_does_not_crash() -> None:
     data = b"x" * (50 * 1024 * 1024) + b"\nRuntimeError: Cannot find any model weights with `/m`\n"
     a = analyze(io.BytesIO(data))
     assert a.lines_total == 2
-    assert a.extra.get("long_lines_truncated") == 1
+    assert a.extra.long_lines_truncated == 1
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -147,4 +147,4 @@ def test_clean_start_request_and_sigint_is_not_a_failure(vllm: Path, tmp_path: P
     assert a.last_stage_reached == "serving"
     by = {s.stage: s.status for s in a.stages}
     assert by.get("api_ready") == "completed" and by.get("serving") == "completed", by
-    assert a.extra.get("shutdown_requested_line")
+    assert a.extra.shutdown_requested_line

@@ -324,7 +324,7 @@ def test_cause_stated_below_error_level_counts(rs: RuleSet) -> None:
         "RuntimeError: Engine core initialization failed. See root cause above.\n",
     )
     assert a.first_failure is not None and a.first_failure.rule == "TNEG001"
-    assert a.extra["first_failure_captures"] == {"kv": "-2.77 GiB"}
+    assert dict(a.extra.captures) == {"kv": "-2.77 GiB"}
 
 
 def test_warning_only_run_has_no_first_failure(rs: RuleSet) -> None:
@@ -356,7 +356,7 @@ def test_engine_dead_without_requested_stop_is_reported(rs: RuleSet) -> None:
         "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n",
     )
     assert a.first_failure is not None and a.first_failure.rule == "TCONS002"
-    assert a.extra["notes"]
+    assert a.extra.notes
 
 
 def test_stage_timeline_and_last_stage_reached(rs: RuleSet) -> None:
@@ -391,7 +391,7 @@ def test_failure_after_health_200_is_a_serving_failure(rs: RuleSet) -> None:
         "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
     )
     assert a.first_failure is not None and a.first_failure.stage == "serving"
-    assert a.extra["ready_line"] == 1
+    assert a.extra.ready_line == 1
 
 
 def test_failure_while_weights_load_belongs_to_weights_access(rs: RuleSet) -> None:

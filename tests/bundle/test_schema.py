@@ -26,7 +26,7 @@ from kk3evidence.bundle.schema import (
     schema_for_member,
     version_problem,
 )
-from kk3evidence.model import CATEGORIES, STAGES, Analysis, Finding, StageSpan
+from kk3evidence.model import CATEGORIES, STAGES, Analysis, AnalysisExtra, Finding, StageSpan
 
 NAMES = ["manifest", "fingerprint", "launch", "notes", "request", "analysis"]
 
@@ -107,7 +107,7 @@ def test_model_analysis_to_json_validates() -> None:
         first_failure=f,
         consequences=(c,),
         findings=(f, c),
-        extra={"k": 1},
+        extra=AnalysisExtra(notes=("k",)),
     )
     assert list(iter_schema_problems("analysis", a.to_json(), "analysis.json")) == []
     empty = Analysis("x", 0, None, (), None, (), ())

@@ -58,7 +58,7 @@ def test_a_specific_rule_beats_the_generic_pydantic_wrapper() -> None:
     assert result.first_failure.line_no == 52
     assert result.first_failure.rule == "CFG004"  # max-model-len-exceeds-derived, not CFG001
     assert [f.rule for f in result.findings if f.kind == "failure"] == ["CFG004"]
-    assert any("classified by the specific CFG004" in n for n in result.extra.get("notes", []))
+    assert any("classified by the specific CFG004" in n for n in result.extra.notes)
     res = CliRunner().invoke(main, ["analyze", str(REAL / "fail_max_model_len_too_large" /
                                                     "output.log")])
     assert "rule CFG004 (max-model-len-exceeds-derived)" in res.output

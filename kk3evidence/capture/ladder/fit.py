@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from kk3evidence.model import JSONObject
+
 #: steps whose variable is the context itself: the request is sent unchanged
 CONTEXT_VARIABLES = frozenset({"context-length"})
 
@@ -29,13 +31,13 @@ class Fit:
     context: int | None  # the server's max_model_len
     note: str  # one line for the step's summaries
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"words": self.words, "tokens": self.tokens, "context": self.context,
                 "note": self.note}
 
 
 def count_tokens(client: httpx.Client, base_url: str, headers: Mapping[str, str],
-                 body: Mapping[str, Any]) -> tuple[int | None, int | None]:
+                 body: Mapping[str, object]) -> tuple[int | None, int | None]:
     """(prompt tokens, server max_model_len) from ``POST /tokenize``; (None, None) without it."""
     payload = {"model": body.get("model"), "messages": body.get("messages")}
     try:
@@ -53,7 +55,7 @@ def count_tokens(client: httpx.Client, base_url: str, headers: Mapping[str, str]
 def fit_prompt(
     words: int,
     make_body: Callable[[int], dict[str, Any]],
-    counter: Callable[[Mapping[str, Any]], tuple[int | None, int | None]],
+    counter: Callable[[Mapping[str, object]], tuple[int | None, int | None]],
     *,
     max_tokens: int,
     context: int | None,

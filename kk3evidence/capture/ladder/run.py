@@ -45,7 +45,7 @@ from kk3evidence.errors import InputError, Kk3Error, UsageError
 from kk3evidence.handoff import prompts
 from kk3evidence.handoff.diff import diff
 from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec, step_variables
-from kk3evidence.model import FORMAT_IDS
+from kk3evidence.model import FORMAT_IDS, JSONObject
 
 if TYPE_CHECKING:
     from kk3evidence.capture.http import ApiTarget
@@ -173,7 +173,7 @@ def expand_env_refs(text: str, env: Mapping[str, str], where: str) -> str:
 long_prompt = prompts.long_prompt  # the one generator (handoff.prompts); kept as a name here
 
 
-def request_body(spec: RequestSpec, model: str | None) -> dict[str, Any]:
+def request_body(spec: RequestSpec, model: str | None) -> JSONObject:
     content = long_prompt(spec.input_tokens) if spec.input_tokens else spec.prompt
     body: dict[str, Any] = {
         "model": spec.model or model,
@@ -237,7 +237,7 @@ class Outcome:
             )
         return ", ".join(parts)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "ready": self.ready,
             "failure": None
@@ -279,7 +279,7 @@ class StepRecord:
     seconds: float
     request_summaries: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "id": self.id,
             "variable": self.variable,
@@ -322,7 +322,7 @@ class LadderResult:
     def exit_code(self) -> int:
         return 0 if self.verdict == "stable" else 3
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "schema": FORMAT_IDS["ladder-result"],
             "verdict": self.verdict,

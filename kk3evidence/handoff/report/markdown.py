@@ -19,17 +19,25 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
 from kk3evidence._version import __version__
-from kk3evidence.errors import Kk3Error, UsageError
+from kk3evidence.errors import UsageError
 from kk3evidence.handoff import evidence as _evidence
-from kk3evidence.handoff.compat import CheckResult, check_evidence, container_cuda
-from kk3evidence.handoff.diff import DiffResult, diff_evidence, request_signature, serve_command
-from kk3evidence.handoff.evidence import Evidence, LogLine, Request, other_gpu_processes
+from kk3evidence.handoff.compat import CheckResult, check_evidence
+from kk3evidence.handoff.diff import DiffResult, diff_evidence, serve_command
+from kk3evidence.handoff.evidence import Evidence, LogLine
+from kk3evidence.handoff.report.checklist import evaluate_checklist
+from kk3evidence.handoff.report.common import (
+    ChecklistItem,
+    minimal_command,
+)
+from kk3evidence.handoff.report.common import fixed_request as _fixed
+from kk3evidence.handoff.report.common import round_flags as _round_flags
+from kk3evidence.handoff.report.common import truncate as _truncate
+from kk3evidence.handoff.report.common import verdict_text as _verdict_text
 from kk3evidence.handoff.report.i18n import (
-    CHECKLIST,
     LANGS,
     Lang,
     class_name,
@@ -50,31 +58,7 @@ __all__ = [
 
 Format = Literal["markdown", "html", "github", "snippet"]
 FORMATS: tuple[Format, ...] = ("markdown", "html", "github", "snippet")
-Status = Literal["pass", "fail", "unknown"]
 
-# Flags that add features on top of a plain start (the guide: agent wrappers, tool-call parsers,
-# prefix caching, ...). The minimal command drops them; they come back one per round.
-FEATURE_FLAGS: tuple[str, ...] = (
-    "enable-prefix-caching",
-    "enable-auto-tool-choice",
-    "tool-call-parser",
-    "tool-parser-plugin",
-    "reasoning-parser",
-    "speculative-config",
-    "enable-lora",
-    "lora-modules",
-    "kv-transfer-config",
-    "kv-events-config",
-    "middleware",
-    "enable-request-id-headers",
-    "return-tokens-as-token-ids",
-    "structured-outputs-config",
-    "limit-mm-per-prompt",
-    "max-num-seqs",
-    "max-num-batched-tokens",
-    "enable-chunked-prefill",
-    "async-scheduling",
-)
 
 
 # --- block model ---------------------------------------------------------------------------
@@ -140,17 +124,6 @@ class Doc:
     blocks: tuple[Block, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class ChecklistItem:
-    key: str
-    title: str
-    status: Status
-    why: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "title": self.title, "status": self.status, "why": self.why}
-
-
 # --- small helpers ---------------------------------------------------------------------------
 
 
@@ -175,10 +148,6 @@ def _model_name(ev: Evidence) -> str:
     if cmd is not None and cmd.model:
         return str(cmd.model)
     return ev.launch.served_model or "?"
-
-
-def _truncate(s: str, n: int) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
 
 
 # --- sections ------------------------------------------------------------------------------
@@ -259,65 +228,6 @@ def fingerprint_rows(ev: Evidence, lang: Lang) -> list[tuple[str, str, str]]:
     ]
 
 
-@dataclass(frozen=True, slots=True)
-class RemovedFlag:
-    flag: str  # "--enable-prefix-caching"
-    cls: str  # minimize's class: feature, load, business-wrapper, multi-node, observability...
-    why: str
-
-
-#: flags that name or place the server, never a feature (the checklist must not count them)
-_IDENTITY_FLAGS = frozenset({"--served-model-name", "--host", "--port"})
-
-
-def _round_flags(d: DiffResult | None) -> set[str]:
-    """The flags this round changed against its baseline (``--x``): the round's own variable,
-    which the minimal command must keep so that it still reproduces the failure."""
-    if d is None:
-        return set()
-    return {c.label for c in d.variables if c.variable.startswith("argv:--")}
-
-
-def minimal_command(ev: Evidence, keep: set[str] | frozenset[str] = frozenset()
-                    ) -> tuple[str | None, tuple[RemovedFlag, ...]]:
-    """The minimal start command (as ``kk3evidence minimize`` computes it) and what it drops.
-
-    Flags in ``keep`` (``--x``: the round's own variable, e.g. the one ``--baseline`` names as
-    the cause) stay in. Returns ``(None, ())`` when the argv is not a ``vllm serve`` command.
-    """
-    from kk3evidence import vllm_args
-
-    cmd = serve_command(ev.argv)
-    if cmd is None:
-        return None, ()
-    try:
-        from kk3evidence.handoff.minimize import minimize
-
-        m = minimize(list(ev.argv))
-    except (ImportError, Kk3Error):
-        # minimize unavailable or the command names no model: drop the known feature flags
-        flags = [f for f in cmd.flags if f in FEATURE_FLAGS and f"--{f}" not in keep]
-        removed = tuple(RemovedFlag(f"--{f}", "feature", "adds a feature on top of a plain "
-                                    "start") for f in flags)
-        return vllm_args.render_shell(cmd.replace(drop=flags)), removed
-    dropped = [r for r in m.removed if f"--{r.name}" not in keep]
-    kept_back = [r.name for r in m.removed if f"--{r.name}" in keep]
-    minimal = m.minimal
-    if kept_back:
-        minimal = cmd.replace(drop=[f for f in cmd.flags if f not in set(m.minimal.flags)
-                                    and f not in kept_back])
-    removed = tuple(RemovedFlag(f"--{r.name}", r.cls, r.why) for r in dropped)
-    return vllm_args.render_shell(minimal), removed
-
-
-def feature_flags(ev: Evidence, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """Flags that are business extras in a start command (features, wrapper options); not the
-    server's name or address, not the round's own variable (``keep``)."""
-    _, removed = minimal_command(ev, keep)
-    return [r.flag for r in removed if r.cls in ("feature", "business-wrapper")
-            and r.flag not in _IDENTITY_FLAGS]
-
-
 def _command(ev: Evidence, lang: Lang, keep: set[str] | frozenset[str] = frozenset()
              ) -> list[Block]:
     if not ev.argv:
@@ -337,12 +247,6 @@ def _command(ev: Evidence, lang: Lang, keep: set[str] | frozenset[str] = frozens
     else:
         out.append(Para(text(lang, "cmd_is_minimal")))
     return out
-
-
-def _fixed(ev: Evidence) -> Request | None:
-    fixed = [r for r in ev.requests if r.kind == "fixed"]
-    pool = fixed or list(ev.requests)
-    return pool[0] if pool else None
 
 
 def _response_excerpt(body: Any) -> str:
@@ -400,7 +304,7 @@ def _failure(ev: Evidence, lang: Lang) -> list[Block]:
                      category=ff.get("category"),
                      rule=ff.get("rule"), line_no=ff.get("line_no"), process=proc))]
     if ev.log_window:
-        out += [Para(text(lang, "fail_lines")), Lines(ev.log_window, int(ff["line_no"]))]
+        out += [Para(text(lang, "fail_lines")), Lines(ev.log_window, int(cast(int, ff["line_no"])))]
     else:
         out.append(Code(str(ff.get("text") or ""), "text"))
     cons = (ev.analysis or {}).get("consequences") or []
@@ -458,7 +362,7 @@ def timeline(ev: Evidence, lang: Lang) -> Timeline | None:
             end = max(end, start + float(took))  # time in the stage, until the next one began
         spans.append((str(s.get("stage")), str(s.get("status")), start, end))
     ff = ev.first_failure
-    failure_at = at(int(ff["line_no"])) if ff and ff.get("line_no") else None
+    failure_at = at(int(cast(int, ff["line_no"]))) if ff and ff.get("line_no") else None
     ready = ev.launch.ready_seconds
     ready_at = float(ready) if unit == "s" and isinstance(ready, int | float) else None
     labels = {"ready": text(lang, "tl_ready"), "failure": text(lang, "tl_first_failure"),
@@ -482,15 +386,6 @@ def _timeline(ev: Evidence, lang: Lang) -> list[Block]:
     return [tl, Table((text(lang, "tl_stage"), text(lang, "tl_status"), text(lang, "tl_lines"),
                        text(lang, "tl_time"), text(lang, "tl_duration")), tuple(rows),
                       status_col=1)]
-
-
-def _verdict_text(d: DiffResult, lang: Lang) -> str:
-    names = ", ".join(f"`{c.label}`" for c in d.variables)
-    if d.verdict == "none":
-        return text(lang, "base_verdict_none")
-    if d.verdict == "one":
-        return text(lang, "base_verdict_one", names=names)
-    return text(lang, "base_verdict_several", n=len(d.variables), names=names)
 
 
 def _baseline(d: DiffResult | None, lang: Lang) -> list[Block]:
@@ -534,217 +429,6 @@ def _compat(result: CheckResult, lang: Lang) -> list[Block]:
 
 
 # --- checklist -----------------------------------------------------------------------------
-
-
-def _prefix_metrics(ev: Evidence) -> tuple[float, float] | None:
-    text_ = ev.metrics.get("after") or next(
-        (v for k, v in ev.metrics.items() if k.startswith("after")), None)
-    if not text_:
-        return None
-    found: dict[str, float] = {}
-    for line in text_.splitlines():
-        m = re.match(r"^vllm:prefix_cache_(queries|hits)_total(?:\{[^}]*\})?\s+(\S+)", line)
-        if m:
-            try:
-                found[m.group(1)] = found.get(m.group(1), 0.0) + float(m.group(2))
-            except ValueError:
-                continue
-    if "queries" in found:
-        return found["queries"], found.get("hits", 0.0)
-    return None
-
-
-def evaluate_checklist(ev: Evidence, baseline_diff: DiffResult | None = None,
-                       baseline: Evidence | None = None,
-                       lang: Lang = "en") -> tuple[ChecklistItem, ...]:
-    """The guide's 11-item hand-off checklist, each judged from the evidence."""
-    fp = ev.fingerprint
-    results: dict[str, tuple[Status, str]] = {}
-
-    # 1. driver + container CUDA in the same snapshot
-    driver = fp.gpus.driver_version
-    cuda, _ = container_cuda(ev)
-    source = fp.gpus.source or "?"
-    cuda_s = ".".join(str(x) for x in cuda) if cuda else None
-    if driver and cuda_s:
-        results["driver_cuda_same_time"] = ("pass", text(
-            lang, "ck1_pass", driver=driver, cuda=cuda_s, at=fp.raw.get("collected_at") or "?"))
-    elif driver:
-        results["driver_cuda_same_time"] = ("fail", text(lang, "ck1_fail_cuda", driver=driver))
-    elif cuda_s and source == "nvml":
-        results["driver_cuda_same_time"] = ("fail", text(lang, "ck1_fail_driver", cuda=cuda_s,
-                                                         source=source))
-    else:
-        results["driver_cuda_same_time"] = ("unknown", text(lang, "ck1_unknown", source=source))
-
-    # 2. image id
-    image_id = fp.container.image_id
-    runtime = fp.container.runtime
-    ref = fp.container.image_ref
-    if image_id:
-        results["image_id"] = ("pass", text(lang, "ck2_pass", image_id=_truncate(image_id, 24),
-                                            how=fp.container.image_id_source or "?"))
-    elif ref:
-        results["image_id"] = ("fail", text(lang, "ck2_fail", ref=ref))
-    elif runtime:
-        results["image_id"] = ("fail", text(lang, "ck2_fail_none", runtime=runtime))
-    else:
-        results["image_id"] = ("unknown", text(lang, "ck2_unknown", runtime=runtime or "none"))
-
-    # 3. minimal command
-    cmd = serve_command(ev.argv)
-    if cmd is None:
-        results["minimal_command"] = ("unknown", text(lang, "ck3_unknown"))
-    else:
-        feats = feature_flags(ev, _round_flags(baseline_diff))
-        results["minimal_command"] = (("fail", text(lang, "ck3_fail", flags=", ".join(feats)))
-                                      if feats else
-                                      ("pass", text(lang, "ck3_pass", n=len(cmd.flags))))
-
-    # 4. first error stack and the log before it
-    members = {str(m.get("name")) for m in ev.manifest.get("members") or []
-               if isinstance(m, Mapping)}
-    losses = ev.manifest.get("losses") or []
-    lines_total = (ev.analysis or {}).get("lines_total", "?")
-    ff = ev.first_failure
-    if losses:
-        results["first_error_kept"] = ("fail", text(lang, "ck4_fail_loss", loss=_truncate(
-            json.dumps(losses[0], ensure_ascii=False), 120)))
-    elif ev.manifest and "logs/combined.log" not in members:
-        results["first_error_kept"] = ("fail", text(lang, "ck4_fail_missing"))
-    elif ff is not None:
-        results["first_error_kept"] = ("pass", text(
-            lang, "ck4_pass", lines=lines_total, line_no=ff.get("line_no"),
-            before=max(0, int(ff.get("line_no") or 1) - 1)))
-    else:
-        results["first_error_kept"] = ("pass", text(lang, "ck4_pass_ok", lines=lines_total))
-
-    # 5. fixed input and output cap; 6. single request vs load
-    sig = request_signature(ev)
-    req = _fixed(ev)
-    if req is None:
-        results["fixed_request"] = ("unknown", text(lang, "ck5_unknown"))
-        results["single_vs_load"] = ("unknown", text(lang, "ck5_unknown"))
-    else:
-        if sig.get("max_tokens") is None:
-            results["fixed_request"] = ("fail", text(lang, "ck5_fail"))
-        else:
-            results["fixed_request"] = ("pass", text(
-                lang, "ck5_pass", cap=sig.get("max_tokens"), temp=sig.get("temperature"),
-                chars=sig.get("input_length")))
-        conc = [r for r in ev.requests if r.kind == "concurrency"]
-        if req.kind == "concurrency":
-            results["single_vs_load"] = ("fail", text(lang, "ck6_fail"))
-        elif conc:
-            results["single_vs_load"] = ("pass", text(lang, "ck6_pass_both", k=len(conc)))
-        else:
-            results["single_vs_load"] = ("pass", text(lang, "ck6_pass", n=len(ev.requests)))
-
-    # 7. one variable per round
-    changes = ev.notes.changes
-    if baseline_diff is not None:
-        summary = _verdict_text(baseline_diff, lang)
-        results["one_variable"] = (("fail", text(lang, "ck7_fail", summary=summary))
-                                   if baseline_diff.verdict == "several" else
-                                   ("pass", text(lang, "ck7_pass", summary=summary)))
-    elif changes:
-        shown = "; ".join(f"{c.variable}: {c.before} -> {c.after}" for c in changes[:4])
-        results["one_variable"] = (("pass", text(lang, "ck7_notes_pass", change=shown))
-                                   if len(changes) == 1 else
-                                   ("fail", text(lang, "ck7_notes_fail", n=len(changes),
-                                                 changes=shown)))
-    else:
-        results["one_variable"] = ("unknown", text(lang, "ck7_unknown"))
-
-    # 8. back to the last stable baseline when the error changed
-    notes_text = list(ev.notes.notes) + [f"{c.variable} {c.after}" for c in changes]
-    revert = next((n for n in notes_text
-                   if re.search(r"revert|rollback|roll back|back to baseline|되돌|복귀", n, re.I)),
-                  None)
-    if baseline is not None and baseline_diff is not None:
-        bff = baseline.first_failure
-        if bff is None and baseline_diff.verdict == "none":
-            # This run is the baseline's configuration again: that is going back.
-            results["reverted_baseline"] = ("pass", text(lang, "ck8_pass_baseline"))
-        elif bff is not None and not revert:
-            results["reverted_baseline"] = ("fail", text(lang, "ck8_fail",
-                                                         stage=stage_name(lang, bff.get("stage")),
-                                                         category=bff.get("category")))
-        else:
-            results["reverted_baseline"] = ("unknown", text(lang, "ck8_unknown"))
-    elif revert:
-        results["reverted_baseline"] = ("pass", text(lang, "ck8_pass_notes",
-                                                     note=_truncate(revert, 100)))
-    else:
-        results["reverted_baseline"] = ("unknown", text(lang, "ck8_unknown"))
-
-    # 9. prefix caching verified separately and explicitly (judged on what the engine ran
-    # with: vLLM's V1 engine turns it on by default)
-    results["prefix_caching"] = _prefix_item(ev, cmd, baseline_diff, lang)
-
-    # 10. limits written: this document has the section
-    results["repro_limits"] = ("pass", text(lang, "ck10_pass"))
-
-    # 11. other jobs and GPU occupancy
-    cluster_text = (ev.notes.cluster.text if ev.notes.cluster else None) or ""
-    auto_text = cluster_text.startswith("GPU state unknown")  # capture's own "no NVML" note
-    devices = fp.gpus.devices
-    if source == "nvml" and devices:
-        results["cluster_state"] = ("pass", text(lang, "ck11_pass_nvml", n=len(devices),
-                                                 others=len(other_gpu_processes(ev) or [])))
-    elif cluster_text and not auto_text:
-        results["cluster_state"] = ("pass", text(lang, "ck11_pass_notes",
-                                                 text=_truncate(cluster_text, 100)))
-    elif source == "error":
-        err = fp.gpus.error or cluster_text or "NVML error"
-        results["cluster_state"] = ("fail", text(lang, "ck11_fail", error=err))
-    else:
-        results["cluster_state"] = ("unknown", text(lang, "ck11_unknown"))
-
-    items = []
-    for key, en, ko in CHECKLIST:
-        status, why = results[key]
-        items.append(ChecklistItem(key, ko if lang == "ko" else en, status, why))
-    return tuple(items)
-
-
-def _prefix_item(ev: Evidence, cmd: Any, d: DiffResult | None,
-                 lang: Lang) -> tuple[Status, str]:
-    pc = cmd.flags.get("enable-prefix-caching") if cmd is not None else None
-    eng = ev.engine_config
-    eff = eng.enable_prefix_caching if eng is not None else None
-    line = eng.lines.get("enable_prefix_caching") if eng is not None else None
-    on = eff if eff is not None else (True if pc is True else None)
-    pm = _prefix_metrics(ev)
-    others = [c.label for c in d.variables] if d else []
-    probe = ev.prefix_probe
-    if probe is not None and on is not False:
-        # capture's probe ran the same long prompt twice: its four checks are the evidence
-        failed = [c.id for c in probe.checks if c.status == "fail"]
-        if failed:
-            return "fail", text(lang, "ck9_probe_fail", checks=", ".join(failed))
-        if probe.status("second_request_hits_cache") == "pass":
-            return "pass", text(lang, "ck9_probe_pass", n=len(probe.checks))
-    if on is True:
-        if d is not None and others == ["--enable-prefix-caching"]:
-            return "pass", text(lang, "ck9_pass_diff")
-        if d is not None and "--enable-prefix-caching" in others:
-            return "fail", text(lang, "ck9_fail_mixed", names=", ".join(others))
-        if pc is not True:
-            # On by default: not chosen in this round, so not yet verified on its own.
-            how = text(lang, "ck9_engine_line", line=line if line is not None else "?")
-            if pm is not None:
-                return "pass", text(lang, "ck9_pass_default_metrics", how=how,
-                                    queries=int(pm[0]), hits=int(pm[1]))
-            return "unknown", text(lang, "ck9_default_on", how=how)
-        if pm is not None:
-            return "pass", text(lang, "ck9_pass_metrics", queries=int(pm[0]), hits=int(pm[1]))
-        return "fail", text(lang, "ck9_fail_nobase")
-    if on is False:
-        how = (text(lang, "ck9_engine_off", line=line) if line is not None else
-               "--no-enable-prefix-caching")
-        return "unknown", text(lang, "ck9_unknown_off", how=how)
-    return "unknown", text(lang, "ck9_unknown_no_engine")
 
 
 def _checklist(items: Sequence[ChecklistItem], lang: Lang) -> list[Block]:

@@ -95,7 +95,7 @@ def _essentials(ev: Evidence) -> list[str]:
 
 
 def _command(ev: Evidence) -> list[str]:
-    from kk3evidence.handoff.report.markdown import minimal_command
+    from kk3evidence.handoff.report.common import minimal_command
 
     if not ev.argv:
         return []
