@@ -11,13 +11,17 @@ per-line receive times, and runs the analyzer when the bundle carries no ``analy
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from kk3evidence.analysis.engine_config import EngineConfig
 from kk3evidence.errors import BundleError, InputError
+from kk3evidence.analysis.budget import Budget
+from kk3evidence.handoff.logwindow import LineCursor
 from kk3evidence.handoff.records import Fingerprint, Launch, Notes, PrefixProbe, Request
 
 __all__ = [
@@ -153,6 +157,37 @@ def _windows(
     return tuple(window), tuple(tail)
 
 
+def _shown(raw: bytes, length: int) -> str:
+    """:func:`_decode` for a line known by its head and its full ``length``."""
+    cut = length - MAX_SHOWN_LINE
+    if cut > 2:
+        raw = raw[:MAX_SHOWN_LINE] + f" [... {cut} more bytes]".encode()
+    text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    return text.rsplit("\r", 1)[-1] if "\r" in text else text
+
+
+def _stream_windows(
+    fp: BinaryIO, target: int | None
+) -> tuple[tuple[LogLine, ...], tuple[LogLine, ...]]:
+    """:func:`_windows` over a member stream at C speed: lines are counted in chunks and only
+    the ones shown are kept (issue 16: a multi-GB log took most of a minute line by line)."""
+    cur = LineCursor(fp)
+    read: list[LogLine] = []
+    if target is not None:
+        cur.skip_to(max(1, target - WINDOW_BEFORE))
+        while cur.next_line <= target + WINDOW_AFTER:
+            no = cur.next_line
+            got = cur.read(MAX_SHOWN_LINE + 64)
+            if got is None:
+                break
+            read.append(LogLine(no, _shown(*got)))
+    # The target past the end: nothing around it to show (as the line-by-line pass).
+    window = read if any(line.line_no == target for line in read) else []
+    last = [LogLine(no, _shown(raw, n))
+            for no, raw, n in cur.tail(WINDOW_BEFORE, MAX_SHOWN_LINE + 64)]
+    return tuple(window), tuple((read + last)[-WINDOW_BEFORE:])
+
+
 def _line_times(bundle: Any, wanted: set[int] | None = None) -> dict[int, float]:
     """Map line number -> receive wall time (seconds) from ``logs/lines.tsv``, if present.
 
@@ -163,23 +198,31 @@ def _line_times(bundle: Any, wanted: set[int] | None = None) -> dict[int, float]
         stream = bundle.open_member("logs/lines.tsv")
     except (KeyError, FileNotFoundError, BundleError, InputError):
         return out
-    last = max(wanted, default=1) if wanted is not None else None
     with stream:
-        for no, raw in enumerate(_rows(stream)):
-            if no == 0:
-                continue  # header row
-            if last is not None and wanted is not None:
-                if no > last:
-                    break
-                if no != 1 and no not in wanted:
-                    continue
-            parts = raw.decode("utf-8", errors="replace").rstrip("\n").split("\t")
-            if len(parts) >= 3:
-                try:
-                    out[no] = int(parts[2]) / 1e9
-                except ValueError:
-                    continue
+        if wanted is None:
+            for no, raw in enumerate(_rows(stream)):
+                _time_row(out, no, raw)
+            return out
+        # Row n+1 of lines.tsv (after its header) is log line n: jump to each wanted row.
+        cur = LineCursor(stream)
+        for line in sorted({1, *wanted}):
+            cur.skip_to(line + 1)
+            got = cur.read(256)
+            if got is None:
+                break
+            _time_row(out, line, got[0])
     return out
+
+
+def _time_row(out: dict[int, float], no: int, raw: bytes) -> None:
+    if no == 0:
+        return  # header row
+    parts = raw.decode("utf-8", errors="replace").rstrip("\n").split("\t")
+    if len(parts) >= 3:
+        try:
+            out[no] = int(parts[2]) / 1e9
+        except ValueError:
+            pass
 
 
 def _rows(stream: Any, limit: int = 256) -> Iterator[bytes]:
@@ -190,6 +233,30 @@ def _rows(stream: Any, limit: int = 256) -> Iterator[bytes]:
             while (rest := stream.readline(limit)) and not rest.endswith(b"\n"):
                 pass
         yield row
+
+
+_LOG = "logs/combined.log"
+
+#: what report/diff/compare analyse of a log that has no stored analysis (issue 16): the
+#: first 256 MiB, where start-up failures are, and the last 64 MiB, where a serving crash
+#: and the end of the run are; the middle is only counted. ``--full`` lifts it.
+CONSUMER_BUDGET = Budget(256 * 1024 * 1024, 64 * 1024 * 1024, lift="--full")
+_full_analysis: contextvars.ContextVar[bool] = contextvars.ContextVar("full", default=False)
+
+
+def consumer_budget() -> Budget | None:
+    """The budget of the analysis a consumer runs, or None under :func:`full_analysis`."""
+    return None if _full_analysis.get() else CONSUMER_BUDGET
+
+
+@contextlib.contextmanager
+def full_analysis(full: bool = True) -> Iterator[None]:
+    """Within this block, consumers analyse whole logs (the CLI's ``--full``)."""
+    token = _full_analysis.set(full)
+    try:
+        yield
+    finally:
+        _full_analysis.reset(token)
 
 
 def load(path: str | Path) -> Evidence:
@@ -203,10 +270,11 @@ def load(path: str | Path) -> Evidence:
             analysis = _analyze(bundle, source)
         ff = analysis.get("first_failure") if analysis else None
         target = int(ff["line_no"]) if isinstance(ff, Mapping) and "line_no" in ff else None
-        try:
-            window, tail = _windows(bundle.iter_log_lines(), target)
-        except (KeyError, FileNotFoundError):
-            window, tail = (), ()
+        window: tuple[LogLine, ...] = ()
+        tail: tuple[LogLine, ...] = ()
+        if bundle.has(_LOG):
+            with bundle.open_member(_LOG) as fp:
+                window, tail = _stream_windows(fp, target)
         metrics: dict[str, str] = {}
         labels = bundle.metrics_labels() if hasattr(bundle, "metrics_labels") else [
             "before", "after"]
@@ -262,13 +330,24 @@ def _analyze(bundle: Any, source: str) -> dict[str, Any] | None:
         from kk3evidence.analysis.engine import analyze
     except ImportError:  # analyzer not installed in this build
         return None
-    try:
-        result = analyze(bundle.iter_log_lines())
-    except (KeyError, FileNotFoundError):
+    if not bundle.has(_LOG):
         return None
+    with bundle.open_member(_LOG) as fp:
+        result = analyze(_SmallReads(fp), budget=consumer_budget(), label=source)
     data: dict[str, Any] = result.to_json()
     data["source"] = source
     return data
+
+
+class _SmallReads:
+    """A member stream read 1 MiB at a time: the analyzer's 16 MiB blocks of huge lines
+    cost ~70 MB, and a report's memory should follow what it shows."""
+
+    def __init__(self, fp: BinaryIO) -> None:
+        self._fp = fp
+
+    def read(self, size: int = -1) -> bytes:
+        return self._fp.read(1024 * 1024 if size < 0 else min(size, 1024 * 1024))
 
 
 def coerce(item: Evidence | str | Path) -> Evidence:
