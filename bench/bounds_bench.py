@@ -140,14 +140,14 @@ def main() -> int:
                               ("report", ["report", b, *args.extra]),
                               ("diff", ["diff", b, b, *args.extra]),
                               ("compare", ["compare", b, b, *args.extra])):
-                rows.append((name, run(py + cmd, args.timeout)))
+                rows.append((name, run([*py, *cmd], args.timeout)))
                 print(name, rows[-1][1], flush=True)
         if not args.skip_bomb:
             bomb = tmp / "bomb.tar.gz"
             info = build_bomb(bomb)
             print(f"built bomb: {info['bytes']} bytes expanding to {info['expands_to']}",
                   flush=True)
-            rows.append(("validate bomb", run(py + ["validate", str(bomb)], args.timeout)))
+            rows.append(("validate bomb", run([*py, "validate", str(bomb)], args.timeout)))
             print("validate bomb", rows[-1][1], flush=True)
     finally:
         if args.keep:

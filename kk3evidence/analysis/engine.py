@@ -971,7 +971,8 @@ def analyze(
     eng = AnalysisEngine(label or name, ruleset, engine=engine, context=context)
     scan = HangScan()
     if budget is not None:
-        return _analyze_budgeted(blocks, budget, eng, scan, stall_inputs, source)
+        return _analyze_budgeted(blocks, budget, eng, scan, stall_inputs=stall_inputs,
+                                 source=source)
     for block in blocks:
         eng.feed(block)
         scan.feed(block)
@@ -980,7 +981,7 @@ def analyze(
 
 def _analyze_budgeted(
     blocks: Iterator[bytes], budget: Budget, eng: AnalysisEngine, scan: HangScan,
-    stall_inputs: StallInputs | None, source: object,
+    *, stall_inputs: StallInputs | None, source: object,
 ) -> Analysis:
     """:func:`analyze` within ``budget``; the result carries its coverage (issue 16)."""
     pieces, tally = budgeted(blocks, budget)

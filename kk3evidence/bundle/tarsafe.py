@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import os
 import stat
 import tarfile
-import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field

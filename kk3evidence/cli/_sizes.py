@@ -10,7 +10,7 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", re.IGNORECASE)
 _UNIT = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
-class ByteSize(click.ParamType):
+class ByteSize(click.ParamType[int]):
     """Bytes, e.g. ``0``, ``65536``, ``512M``, ``8G`` (``0``: no limit)."""
 
     name = "SIZE"

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from kk3evidence.analysis.budget import Budget
 from kk3evidence.analysis.engine_config import EngineConfig
 from kk3evidence.errors import BundleError, InputError
-from kk3evidence.analysis.budget import Budget
 from kk3evidence.handoff.logwindow import LineCursor
 from kk3evidence.handoff.records import Fingerprint, Launch, Notes, PrefixProbe, Request
 
@@ -259,6 +259,22 @@ def full_analysis(full: bool = True) -> Iterator[None]:
         _full_analysis.reset(token)
 
 
+_coverage_seen: contextvars.ContextVar[list[tuple[str, dict[str, Any]]] | None] = (
+    contextvars.ContextVar("coverage_seen", default=None))
+
+
+@contextlib.contextmanager
+def collect_coverage() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Within this block, every bundle loaded whose log was analysed only in part adds
+    ``(source, coverage)`` to the yielded list (for the CLI to say so)."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+    token = _coverage_seen.set(seen)
+    try:
+        yield seen
+    finally:
+        _coverage_seen.reset(token)
+
+
 def load(path: str | Path) -> Evidence:
     """Read a bundle (verified) into an :class:`Evidence`; analyse its log when needed."""
     from kk3evidence.bundle.archive import open_bundle
@@ -336,6 +352,9 @@ def _analyze(bundle: Any, source: str) -> dict[str, Any] | None:
         result = analyze(_SmallReads(fp), budget=consumer_budget(), label=source)
     data: dict[str, Any] = result.to_json()
     data["source"] = source
+    seen = _coverage_seen.get()
+    if seen is not None and result.coverage is not None:
+        seen.append((source, result.coverage))
     return data
 
 
