@@ -171,21 +171,12 @@ def _stream_windows(
 ) -> tuple[tuple[LogLine, ...], tuple[LogLine, ...]]:
     """:func:`_windows` over a member stream at C speed: lines are counted in chunks and only
     the ones shown are kept (issue 16: a multi-GB log took most of a minute line by line)."""
-    cur = LineCursor(fp)
-    read: list[LogLine] = []
-    if target is not None:
-        cur.skip_to(max(1, target - WINDOW_BEFORE))
-        while cur.next_line <= target + WINDOW_AFTER:
-            no = cur.next_line
-            got = cur.read(MAX_SHOWN_LINE + 64)
-            if got is None:
-                break
-            read.append(LogLine(no, _shown(*got)))
-    # The target past the end: nothing around it to show (as the line-by-line pass).
-    window = read if any(line.line_no == target for line in read) else []
-    last = [LogLine(no, _shown(raw, n))
-            for no, raw, n in cur.tail(WINDOW_BEFORE, MAX_SHOWN_LINE + 64)]
-    return tuple(window), tuple((read + last)[-WINDOW_BEFORE:])
+    span = (target - WINDOW_BEFORE, target + WINDOW_AFTER) if target is not None else (0, -1)
+    seen, last = LineCursor(fp).tail(WINDOW_BEFORE, MAX_SHOWN_LINE + 64, span)
+    window = [LogLine(no, _shown(raw, n)) for no, raw, n in seen]
+    if not any(line.line_no == target for line in window):
+        window = []  # the target past the end: nothing around it (as the line-by-line pass)
+    return tuple(window), tuple(LogLine(no, _shown(raw, n)) for no, raw, n in last)
 
 
 def _line_times(bundle: Any, wanted: set[int] | None = None) -> dict[int, float]:

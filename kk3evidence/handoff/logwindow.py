@@ -16,6 +16,9 @@ __all__ = ["LineCursor"]
 
 CHUNK = 4 * 1024 * 1024
 
+#: (line number, its first bytes, its full length)
+_Line = tuple[int, bytes, int]
+
 
 class LineCursor:
     """Forward-only access to the lines of ``fp`` (1-based numbers, only ``\\n`` ends a line).
@@ -85,37 +88,49 @@ class LineCursor:
         self.next_line += 1
         return head, length
 
-    def tail(self, count: int, keep: int) -> list[tuple[int, bytes, int]]:
+    def tail(
+        self, count: int, keep: int, window: tuple[int, int] = (0, -1)
+    ) -> tuple[list[_Line], list[_Line]]:
         """Read to the end; the last ``count`` lines as (number, first ``keep`` bytes, full
-        length). A line longer than what the ring holds is shown from where the ring starts."""
-        ring: collections.deque[tuple[int, bytes, int]] = collections.deque(maxlen=count)
+        length), and the lines numbered ``window[0]..window[1]`` passed on the way (found in
+        the same pass, so a window near the end is never lost): ``(window, last)``. A line
+        longer than a chunk is kept by its first ``keep`` bytes."""
+        lo, hi = window
+        seen: list[_Line] = []
+        ring: collections.deque[_Line] = collections.deque(maxlen=count)
         while True:
             buf, pos = self._buf, self._pos
             done = buf.count(b"\n", pos)
-            if done > count:
-                # Skip to the last `count` complete lines of this buffer at C speed.
-                self.next_line += done - count
+            first, skip = self.next_line, done - count
+            if skip > 0 and not (first <= hi and lo < first + skip):
+                # Jump to the last `count` complete lines of this buffer at C speed.
                 idx = len(buf)
                 for _ in range(count + 1):
                     idx = buf.rindex(b"\n", pos, idx)
+                self.next_line += skip
                 self._pos = idx + 1
                 self._skipped_partial = 0
                 ring.clear()
             while (nl := self._buf.find(b"\n", self._pos)) >= 0:
                 raw = self._buf[self._pos : nl + 1]
-                ring.append((self.next_line, raw[:keep], len(raw) + self._skipped_partial))
+                line = (self.next_line, raw[:keep], len(raw) + self._skipped_partial)
+                ring.append(line)
+                if lo <= self.next_line <= hi:
+                    seen.append(line)
                 self._skipped_partial = 0
                 self._pos = nl + 1
                 self.next_line += 1
             if len(self._buf) - self._pos > keep:
-                # A long unfinished line: keep its head only (bounded memory).
-                self._partial_head(keep)
+                self._partial_head(keep)  # a long unfinished line: its head only
             if not self._fill():
                 break
         rest = self._buf[self._pos :]
         if rest:
-            ring.append((self.next_line, rest[:keep], len(rest) + self._skipped_partial))
-        return list(ring)
+            line = (self.next_line, rest[:keep], len(rest) + self._skipped_partial)
+            ring.append(line)
+            if lo <= self.next_line <= hi:
+                seen.append(line)
+        return seen, list(ring)
 
     _skipped_partial = 0
 
