@@ -160,20 +160,27 @@ def _tail(
             dropped_lines += old.count(b"\n")
             dropped_bytes += len(old)
             dropped_nl = old.endswith(b"\n") if old else dropped_nl
-    rest = b"".join(ring)
-    ends_nl = rest.endswith(b"\n") if rest else dropped_nl
-    start = max(0, len(rest) - tail_bytes)
+    chunks = list(ring)  # references: the tail is fed chunk by chunk, never joined
+    ends_nl = next((c.endswith(b"\n") for c in reversed(chunks) if c), dropped_nl)
+    i, start = 0, max(0, held - tail_bytes)  # the tail starts in chunks[0] at `start`
     if start or dropped_bytes:
         # The tail starts on a line of its own: the skipped part ends with a newline.
-        at_line_start = rest[start - 1 : start] == b"\n" if start else dropped_nl
-        if not at_line_start:
-            nl = rest.find(b"\n", start)
-            start = len(rest) if nl < 0 else nl + 1
-        dropped_lines += rest.count(b"\n", 0, start)
-        dropped_bytes += start
-        rest = rest[start:]
-        if not rest and not ends_nl:
-            dropped_lines += 1  # the log's last line (no newline) fell out whole
+        if not (chunks[0][start - 1 : start] == b"\n" if start else dropped_nl):
+            while i < len(chunks):
+                nl = chunks[i].find(b"\n", start)
+                if nl >= 0:
+                    start = nl + 1
+                    break
+                i, start = i + 1, 0
+        for c in chunks[:i]:
+            dropped_lines += c.count(b"\n")
+            dropped_bytes += len(c)
+        if i < len(chunks):
+            dropped_lines += chunks[i].count(b"\n", 0, start)
+            dropped_bytes += start
+    rest = [chunks[i][start:], *chunks[i + 1 :]] if i < len(chunks) else []
+    if dropped_bytes and not any(rest) and not ends_nl:
+        dropped_lines += 1  # the log's last line (no newline) fell out whole
     head_lines, head_ends_nl = head
     if dropped_bytes:
         skipped = dropped_lines
@@ -185,11 +192,11 @@ def _tail(
             skipped -= 1
         tally.skip_from = head_lines + 1
         tally.skipped = skipped
-        if skipped:
-            yield Piece("skip", lines=skipped)
-    if rest:
-        tally.analysed += len(rest)
-        yield Piece("data", rest)
+        yield Piece("skip", lines=skipped)  # even 0: the rest of the head's last line
+    for c in rest:
+        if c:
+            tally.analysed += len(c)
+            yield Piece("data", c)
 
 
 def coverage(tally: _Tally, budget: Budget) -> Coverage:

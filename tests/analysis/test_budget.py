@@ -119,3 +119,15 @@ def test_a_budget_the_log_fits_changes_nothing() -> None:
 def test_negative_budgets_are_refused() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         Budget(-1)
+
+
+def test_the_coverage_field_matches_the_analysis_schema() -> None:
+    from kk3evidence.bundle.schema import iter_schema_problems
+
+    log = _composite()
+    doc = analyze(io.BytesIO(log), budget=Budget(1000, 1000)).to_json()
+    assert "coverage" in doc
+    name = "analysis"
+    assert list(iter_schema_problems(name, doc, "analysis.json")) == []
+    doc["coverage"]["complete"] = "no"
+    assert list(iter_schema_problems(name, doc, "analysis.json"))
