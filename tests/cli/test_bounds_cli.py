@@ -95,7 +95,7 @@ def test_report_says_what_it_analysed_and_full_lifts_it(big_bundle: str) -> None
 
 def test_diff_and_compare_json_carry_the_coverage(big_bundle: str) -> None:
     runner = CliRunner()
-    for args in (["diff", big_bundle, big_bundle, "--json"],
+    for args in (["diff", big_bundle, big_bundle, "--json"], ["check", big_bundle, "--json"],
                  ["compare", big_bundle, big_bundle, "--json"]):
         res = runner.invoke(main, args)
         assert res.exit_code in (0, 5, 6), (args, res.output[-500:])
