@@ -13,6 +13,7 @@ via wait4) are printed. Extra arguments after `--` are appended to report/diff/c
 `-- --full`). Files go to a temporary folder, removed unless --keep. Usage:
 
     python bench/bounds_bench.py [--size-mb 2048] [--gz] [--skip-bomb] [--keep] [-- --full]
+    python bench/bounds_bench.py --bundle KEPT.tar.gz --skip-bomb   # re-measure a kept one
 
 Prints a table and exits 0 (it measures; it does not judge).
 """
@@ -112,6 +113,18 @@ def run(cmd: list[str], timeout: float) -> dict[str, object]:
             "rc": os.waitstatus_to_exitcode(status)}
 
 
+def _build(tmp: Path, size_mb: int, *, gz: bool) -> Path:
+    log = tmp / "big.log"
+    t = time.perf_counter()
+    info = build_log(log, size_mb)
+    bundle = tmp / ("big.tar.gz" if gz else "big.tar")
+    build_bundle(bundle, log)
+    log.unlink()
+    print(f"built {bundle.name}: log {info['bytes']} bytes, bundle "
+          f"{bundle.stat().st_size} bytes, {time.perf_counter() - t:.0f} s", flush=True)
+    return bundle
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=int, default=2048)
@@ -119,6 +132,7 @@ def main() -> int:
     ap.add_argument("--skip-bomb", action="store_true")
     ap.add_argument("--skip-big", action="store_true")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--bundle", type=Path, help="measure this bundle instead of building one")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("extra", nargs="*", help="arguments for report/diff/compare")
     args = ap.parse_args()
@@ -126,15 +140,8 @@ def main() -> int:
     py = [sys.executable, "-m", "kk3evidence"]
     rows: list[tuple[str, dict[str, object]]] = []
     try:
-        if not args.skip_big:
-            log = tmp / "big.log"
-            t = time.perf_counter()
-            info = build_log(log, args.size_mb)
-            bundle = tmp / ("big.tar.gz" if args.gz else "big.tar")
-            build_bundle(bundle, log)
-            log.unlink()
-            print(f"built {bundle.name}: log {info['bytes']} bytes, bundle "
-                  f"{bundle.stat().st_size} bytes, {time.perf_counter() - t:.0f} s", flush=True)
+        if args.bundle or not args.skip_big:
+            bundle = args.bundle or _build(tmp, args.size_mb, gz=args.gz)
             b = str(bundle)
             for name, cmd in (("validate", ["validate", b]),
                               ("report", ["report", b, *args.extra]),

@@ -273,15 +273,21 @@ def load(path: str | Path) -> Evidence:
     source = str(path)
     with open_bundle(path) as bundle:
         analysis: dict[str, Any] | None = bundle.analysis
+        known_tail: tuple[LogLine, ...] | None = None
         if analysis is None:
-            analysis = _analyze(bundle, source)
+            analysis, known_tail = _analyze(bundle, source)
         ff = analysis.get("first_failure") if analysis else None
         target = int(ff["line_no"]) if isinstance(ff, Mapping) and "line_no" in ff else None
         window: tuple[LogLine, ...] = ()
-        tail: tuple[LogLine, ...] = ()
-        if bundle.has(_LOG):
+        tail: tuple[LogLine, ...] = known_tail or ()
+        if bundle.has(_LOG) and known_tail is None:
             with bundle.open_member(_LOG) as fp:
                 window, tail = _stream_windows(fp, target)
+        elif bundle.has(_LOG) and target is not None:
+            # The analysis pass kept the last lines: read only up to the failure's window
+            # (one pass less over a multi-GB .tar.gz; the hashes were checked at open).
+            with bundle.open_member(_LOG) as fp:
+                window = _head_window(fp, target)
         metrics: dict[str, str] = {}
         labels = bundle.metrics_labels() if hasattr(bundle, "metrics_labels") else [
             "before", "after"]
@@ -331,33 +337,73 @@ def _prefix_probe(bundle: Any) -> PrefixProbe | None:
         return None
 
 
-def _analyze(bundle: Any, source: str) -> dict[str, Any] | None:
-    """Analyse the bundle's combined log when no ``analysis.json`` was stored."""
+def _analyze(
+    bundle: Any, source: str
+) -> tuple[dict[str, Any] | None, tuple[LogLine, ...] | None]:
+    """Analyse the bundle's combined log when no ``analysis.json`` was stored; also the last
+    lines of the log, seen on the way (None when they could not be told)."""
     try:
         from kk3evidence.analysis.engine import analyze
     except ImportError:  # analyzer not installed in this build
-        return None
+        return None, None
     if not bundle.has(_LOG):
-        return None
+        return None, None
     with bundle.open_member(_LOG) as fp:
-        result = analyze(_SmallReads(fp), budget=consumer_budget(), label=source)
+        reads = _SmallReads(fp)
+        result = analyze(reads, budget=consumer_budget(), label=source)
     data: dict[str, Any] = result.to_json()
     data["source"] = source
     seen = _coverage_seen.get()
     if seen is not None and result.coverage is not None:
         seen.append((source, result.coverage))
-    return data
+    return data, reads.last_lines(result.lines_total)
 
 
 class _SmallReads:
-    """A member stream read 1 MiB at a time: the analyzer's 16 MiB blocks of huge lines
-    cost ~70 MB, and a report's memory should follow what it shows."""
+    """A member stream read 1 MiB at a time (the analyzer's 16 MiB blocks of huge lines cost
+    ~70 MB; a report's memory should follow what it shows), keeping the last two reads."""
 
     def __init__(self, fp: BinaryIO) -> None:
         self._fp = fp
+        self._last: collections.deque[bytes] = collections.deque(maxlen=2)
+        self._total = 0
 
     def read(self, size: int = -1) -> bytes:
-        return self._fp.read(1024 * 1024 if size < 0 else min(size, 1024 * 1024))
+        data = self._fp.read(1024 * 1024 if size < 0 else min(size, 1024 * 1024))
+        if data:
+            self._last.append(data)
+            self._total += len(data)
+        return data
+
+    def last_lines(self, lines_total: int) -> tuple[LogLine, ...] | None:
+        """The log's last lines (numbered from the analysis's line count), or None when the
+        kept bytes hold no whole line (then a full pass finds them)."""
+        data = b"".join(self._last)
+        whole = len(data) == self._total
+        if not whole:  # not from the start: drop the cut first line
+            data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""
+        parts = data.split(b"\n")
+        raws = [x + b"\n" for x in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+        if not whole and len(raws) < WINDOW_BEFORE:
+            return None  # long last lines: the full pass tells them exactly
+        first = lines_total - len(raws) + 1
+        shown = [LogLine(first + i, _shown(raw[: MAX_SHOWN_LINE + 64], len(raw)))
+                 for i, raw in enumerate(raws)]
+        return tuple(shown[-WINDOW_BEFORE:])
+
+
+def _head_window(fp: BinaryIO, target: int) -> tuple[LogLine, ...]:
+    """The lines around ``target``, reading no further than they are."""
+    cur = LineCursor(fp)
+    cur.skip_to(max(1, target - WINDOW_BEFORE))
+    out: list[LogLine] = []
+    while cur.next_line <= target + WINDOW_AFTER:
+        no = cur.next_line
+        got = cur.read(MAX_SHOWN_LINE + 64)
+        if got is None:
+            break
+        out.append(LogLine(no, _shown(*got)))
+    return tuple(out) if any(line.line_no == target for line in out) else ()
 
 
 def coerce(item: Evidence | str | Path) -> Evidence:

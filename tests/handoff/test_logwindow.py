@@ -4,11 +4,14 @@ reading of the same bytes whatever the chunk size and line lengths."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
+import pytest
+from bundle_factory import write_bundle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kk3evidence.handoff.evidence import _stream_windows, _windows
+from kk3evidence.handoff.evidence import _stream_windows, _windows, load
 from kk3evidence.handoff.logwindow import LineCursor
 
 texts = st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"-")), max_size=50)
@@ -61,3 +64,19 @@ def test_long_lines_are_cut_and_counted() -> None:
     cur.skip_to(2)
     assert cur.read(10) == (b"x" * 10, 100_001)
     assert cur.tail(5, 10) == ([], [(3, b"b\n", 2), (4, b"y" * 10, 50_000)])
+
+
+@pytest.mark.parametrize("log", [
+    b"INFO a\n" * 3000 + b"RuntimeError: CUDA error: out of memory\n" + b"INFO b\n" * 40,
+    b"INFO a\n" * 5 + b"RuntimeError: CUDA error: out of memory\n" + b"z" * 3_000_000,
+    b"x" * 2_500_000 + b"\nRuntimeError: CUDA error: out of memory\nlast",
+    b"INFO only\n",
+])
+def test_load_shows_the_same_lines_as_a_full_pass(tmp_path: Path, log: bytes) -> None:
+    """load() keeps the last lines from its analysis pass and reads only up to the failure's
+    window afterwards: what it shows equals one full line-by-line pass."""
+    ev = load(write_bundle(tmp_path / "b.tar.gz", log=log))
+    ff = ev.analysis["first_failure"] if ev.analysis else None
+    target = ff["line_no"] if ff else None
+    window, tail = _windows(_lines(log), target)
+    assert (ev.log_window, ev.log_tail) == (window, tail)
