@@ -105,3 +105,19 @@ def test_diff_and_compare_json_carry_the_coverage(big_bundle: str) -> None:
         assert "note:" in res.stderr
         res_full = runner.invoke(main, [*args, "--full"])
         assert "coverage" not in json.loads(res_full.stdout)
+
+
+def test_max_bytes_on_a_bundle_stops_reading_its_log_cleanly(tmp_path: Path) -> None:
+    log = b"INFO x\n" * 100_000 + b"RuntimeError: CUDA error: out of memory\n"
+    bundle = write_bundle(tmp_path / "b.tar.gz", log=log)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run(
+        [sys.executable, "-W", "error", "-m", "kk3evidence", "analyze", str(bundle),
+         "--max-bytes", "10K", "--json"], capture_output=True, env=env, check=False)
+    assert res.returncode == 0, res.stderr.decode()[-800:]  # the failure is past the cap
+    assert json.loads(res.stdout)["coverage"]["bytes_analysed"] == 10 * 1024
+    assert b"note:" in res.stderr and b"Traceback" not in res.stderr
+    whole = subprocess.run(
+        [sys.executable, "-m", "kk3evidence", "analyze", str(bundle), "--json"],
+        capture_output=True, env=env, check=False)
+    assert whole.returncode == 3 and "coverage" not in json.loads(whole.stdout)
