@@ -131,3 +131,25 @@ def test_the_coverage_field_matches_the_analysis_schema() -> None:
     assert list(iter_schema_problems(name, doc, "analysis.json")) == []
     doc["coverage"]["complete"] = "no"
     assert list(iter_schema_problems(name, doc, "analysis.json"))
+
+
+class _SmallReads:
+    def __init__(self, data: bytes, n: int) -> None:
+        self._b = io.BytesIO(data)
+        self._n = n
+
+    def read(self, size: int = -1) -> bytes:
+        return self._b.read(self._n)
+
+
+@pytest.mark.parametrize("long", [3_000_000, 500_000])  # past and under the engine's 1 MiB cut
+@pytest.mark.parametrize("read", [4096, 1 << 20])
+@pytest.mark.parametrize("into", [100, 400_000])  # the head ends inside the long line
+def test_a_head_cut_inside_a_long_line_keeps_line_numbers(long: int, read: int, into: int) -> None:
+    fail = b"RuntimeError: CUDA error: out of memory\n"
+    log = b"INFO a\n" * 1000 + b"y" * long + b"\n" + b"INFO b\n" * 20_000 + fail + b"INFO c\n"
+    full = analyze(io.BytesIO(log))
+    part = analyze(_SmallReads(log, read), budget=Budget(7000 + into, 10_000))
+    assert part.lines_total == full.lines_total
+    assert [f.line_no for f in part.findings] == [f.line_no for f in full.findings]
+    assert part.coverage is not None and part.coverage["skipped_lines"][0] in (1001, 1002)
