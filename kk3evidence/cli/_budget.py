@@ -17,6 +17,8 @@ import click
 from kk3evidence.analysis.budget import describe
 from kk3evidence.handoff.evidence import collect_coverage, full_analysis
 
+from ._common import safe_text
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 Seen = list[tuple[str, dict[str, Any]]]
@@ -40,9 +42,14 @@ def notes(seen: Seen) -> list[str]:
     return [f"{source}: {describe(cov)}" for source, cov in seen]
 
 
-def echo_notes(seen: Seen) -> None:
-    for line in notes(seen):
+def echo_notes(seen: Seen, *, human: bool = False) -> None:
+    """The notes on stderr; in a human output also as its last lines (a file it is saved to
+    says what it covered)."""
+    for line in map(safe_text, notes(seen)):  # a path as given may hold escapes
         click.echo(f"kk3evidence: note: {line}", err=True)
+    if human:
+        for line in map(safe_text, notes(seen)):
+            click.echo(f"Analysis coverage: {line}")
 
 
 def add_coverage(doc: dict[str, Any], seen: Seen) -> dict[str, Any]:

@@ -82,7 +82,7 @@ def command(bundles: tuple[str, ...], recipe: str | None, as_json: bool, full: b
         echo_json(add_coverage({**result.to_json(), "cpu_build": cpu is not None}, seen))
     else:
         click.echo(_human(result, cpu))
-    echo_notes(seen)
+    echo_notes(seen, human=not as_json)
     sys.exit(result.exit_code)
 
 

@@ -94,10 +94,10 @@ def command(bundles: tuple[str, ...], isolated: tuple[str, ...],  # noqa: PLR091
         result: Comparison = _compare_module().compare(
             paths, isolated=isolated, isolated_hosts=isolated_hosts
         )
-    echo_notes(seen)
     if as_json:
         echo_json(add_coverage(result.to_json(), seen))
     elif as_csv:
         click.echo(safe_text(result.to_csv()), nl=False)
     else:
         click.echo(safe_text(_human(result)))
+    echo_notes(seen, human=not (as_json or as_csv))

@@ -84,7 +84,7 @@ def _diff(bundles: tuple[str, ...], as_json: bool, seen: list[tuple[str, dict[st
         echo_json(add_coverage(result.to_json(), seen))
     else:
         click.echo(safe_text(_human(result)))
-    echo_notes(seen)
+    echo_notes(seen, human=not as_json)
     sys.exit(result.exit_code)
 
 
@@ -99,5 +99,5 @@ def _show_groups(result: GroupDiff, as_json: bool, seen: list[tuple[str, dict[st
         for u in result.unpaired:
             click.echo(f"unpaired: {u}")
         click.echo(f"Group verdict: {result.summary()}")
-    echo_notes(seen)
+    echo_notes(seen, human=not as_json)
     sys.exit(result.exit_code)

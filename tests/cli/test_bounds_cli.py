@@ -121,3 +121,14 @@ def test_max_bytes_on_a_bundle_stops_reading_its_log_cleanly(tmp_path: Path) -> 
         [sys.executable, "-m", "kk3evidence", "analyze", str(bundle), "--json"],
         capture_output=True, env=env, check=False)
     assert whole.returncode == 3 and "coverage" not in json.loads(whole.stdout)
+
+
+def test_human_outputs_end_with_the_coverage(big_bundle: str) -> None:
+    runner = CliRunner()
+    for args in (["diff", big_bundle, big_bundle], ["compare", big_bundle],
+                 ["check", big_bundle]):
+        res = runner.invoke(main, args)
+        assert res.exit_code in (0, 5, 6), (args, res.output[-500:])
+        assert "Analysis coverage:" in res.stdout and "--full" in res.stdout, args
+    csv = runner.invoke(main, ["compare", big_bundle, "--csv"])
+    assert "Analysis coverage" not in csv.stdout and "note:" in csv.stderr
