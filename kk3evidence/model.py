@@ -242,6 +242,9 @@ class Analysis:
     stall: dict[str, Any] | None = None
     #: SPEC §4 (0.2): the configuration vLLM itself reported at start, else None
     engine_config: dict[str, Any] | None = None
+    #: additive (issue 16): what part of the input a budgeted analysis covered; None when
+    #: the whole input was analysed without a budget
+    coverage: JSONObject | None = None
 
     @property
     def failed(self) -> bool:
@@ -285,6 +288,7 @@ class Analysis:
             "findings": findings,
             "stall": self.stall,
             "engine_config": self.engine_config,
+            **({"coverage": self.coverage} if self.coverage is not None else {}),
         }
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from kk3evidence.analysis.budget import Budget, budgeted, coverage
 from kk3evidence.analysis.causality import HintEvent, StageEvidence, resolve
 from kk3evidence.analysis.classify import Classified, Classifier
 from kk3evidence.analysis.engine_config import EngineConfigCollector
@@ -268,6 +269,12 @@ class AnalysisEngine:
             self._pending += rest
             if len(self._pending) > MAX_LINE:
                 self._flush_long()
+
+    def skip_lines(self, n: int) -> None:
+        """Count ``n`` lines that are not analysed (a budgeted read skips the middle of a
+        huge log), so later line numbers stay the file's. Call at a line boundary."""
+        self.lines += n
+        self._tail.clear()  # context lines from before the gap are not "before" a later hit
 
     def _flush_long(self) -> None:
         """A line longer than MAX_LINE: analyse its head, skip the rest up to its newline."""
@@ -1053,6 +1060,7 @@ def analyze(
     engine: str | None = None,
     context: int = 3,
     stall_inputs: StallInputs | None = None,
+    budget: Budget | None = None,
 ) -> Analysis:
     """Analyse a bundle path (.tar/.tar.gz/.tgz), a log path, ``"-"`` (stdin), log text (a
     ``str`` holding a newline), a binary file object, raw bytes, or an iterable of
@@ -1061,11 +1069,35 @@ def analyze(
     Raises :class:`~kk3evidence.errors.InputError` (or ``BundleError``) for unreadable input;
     never a traceback for the content of a log. ``stall_inputs`` (a capture in progress) or a
     bundle's own members add stage durations and stall snapshots (:mod:`.hang`).
+    ``budget`` bounds what is read and analysed (:mod:`.budget`); the result then says what
+    it covered in ``coverage``.
     """
     name, blocks = _blocks_for(source)
     eng = AnalysisEngine(label or name, ruleset, engine=engine, context=context)
     scan = HangScan()
+    if budget is not None:
+        return _analyze_budgeted(blocks, budget, eng, scan, stall_inputs=stall_inputs,
+                                 source=source)
     for block in blocks:
         eng.feed(block)
         scan.feed(block)
     return apply_hang(eng.finish(), scan, stall_inputs or bundle_stall_inputs(source))
+
+
+def _analyze_budgeted(
+    blocks: Iterator[bytes], budget: Budget, eng: AnalysisEngine, scan: HangScan,
+    *, stall_inputs: StallInputs | None, source: object,
+) -> Analysis:
+    """:func:`analyze` within ``budget``; the result carries its coverage (issue 16)."""
+    pieces, tally = budgeted(blocks, budget)
+    for piece in pieces:
+        if piece.kind == "skip":
+            eng.skip_lines(piece.lines)
+            scan.lines += piece.lines
+            continue
+        eng.feed(piece.data)
+        scan.feed(piece.data)
+    result = apply_hang(eng.finish(), scan, stall_inputs or bundle_stall_inputs(source))
+    cov = coverage(tally, budget)
+    # Only a partial analysis says so: a whole one looks exactly as without a budget.
+    return result if cov.complete else replace(result, coverage=cov.to_json())

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from kk3evidence._version import __version__
 from kk3evidence.bundle import schema as _schema
-from kk3evidence.bundle.tarsafe import CHUNK, ArchiveError, Limits, SafeTar
+from kk3evidence.bundle.tarsafe import CHUNK, ArchiveError, Limits, SafeTar, lift_hint
 from kk3evidence.errors import BundleError
 from kk3evidence.model import FORMAT_IDS, JSONObject, JSONValue, Problem
 
@@ -517,18 +517,35 @@ class _Scanner:
         return _Next.GO
 
     def _check_size(self, member: _Member, state: _PassState) -> _Check:
-        """The member's own limit, then the JSON and archive totals (past those, stop)."""
+        """The member's own limit, then the JSON and archive totals (past those, stop).
+
+        The declared size counts towards the total even for a member that is skipped:
+        skipping it in a ``.tar.gz`` means decompressing it, so a header declaring 40 GiB
+        stops the pass at once instead of costing 40 GiB of inflation."""
         size, rest, lim = member.info.size, member.rest, self.limits
         limit = _member_limit(rest, lim)
+        state.total += size
+        over_total = state.total > lim.max_total_bytes
         if size > limit:
+            hint = f"; {lift_hint()}" if limit == lim.max_member_bytes else ""
             yield Problem(
                 "member-too-large",
-                f"is {size} bytes, over the {limit}-byte limit for this member",
+                f"is {size} bytes, over the {limit}-byte limit for this member{hint}",
                 member=rest,
                 expected=f"<= {limit}",
                 actual=str(size),
             )
-            return _Next.SKIP
+            # Past the total too: the rest of the archive is not reached (one problem says it).
+            return _Next.STOP if over_total else _Next.SKIP
+        if over_total:
+            yield Problem(
+                "archive-too-large",
+                f"members add up to more than {lim.max_total_bytes} bytes "
+                f"({lim.max_total_bytes / 2**30:g} GiB, the limit on a bundle's expanded "
+                f"size); {lift_hint()}",
+                member=rest,
+            )
+            return _Next.STOP
         if rest.endswith(".json"):
             state.json_total += size
             if state.json_total > lim.max_json_total_bytes:
@@ -538,14 +555,6 @@ class _Scanner:
                     member=rest,
                 )
                 return _Next.STOP
-        state.total += size
-        if state.total > lim.max_total_bytes:
-            yield Problem(
-                "archive-too-large",
-                f"members add up to more than {lim.max_total_bytes} bytes",
-                member=rest,
-            )
-            return _Next.STOP
         return _Next.GO
 
     def _read_member(self, tar: SafeTar, member: _Member, state: _PassState) -> _Check:

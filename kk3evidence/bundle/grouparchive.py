@@ -29,7 +29,7 @@ from typing import Any
 from kk3evidence._version import __version__
 from kk3evidence.bundle import schema as _schema
 from kk3evidence.bundle.archive import open_bundle
-from kk3evidence.bundle.tarsafe import CHUNK, ArchiveError, Limits, SafeTar
+from kk3evidence.bundle.tarsafe import CHUNK, ArchiveError, Limits, SafeTar, max_bundle_bytes
 from kk3evidence.errors import BundleError, InputError
 
 GROUP_ARCHIVE_SCHEMA = "kk3evidence/group-archive/v1"
@@ -132,10 +132,18 @@ class _BytesReader:
         return out
 
 
+def _group_limits() -> Limits:
+    """A group archive holds several node bundles, each opened later under the per-bundle
+    limits: the archive itself may be as large as 16 of them (and at least 64 GiB, as before
+    the per-bundle limit was lowered)."""
+    total = max(64 * 2**30, 16 * max_bundle_bytes())
+    return Limits(max_total_bytes=total, max_member_bytes=total)
+
+
 def is_group_archive(path: str | os.PathLike[str]) -> bool:
     """True when the first member of the (plain) tar at ``path`` is ``kk3group-*/group.json``."""
     try:
-        with SafeTar(Path(path), Limits()) as tar:
+        with SafeTar(Path(path), _group_limits()) as tar:
             if tar.compression != "tar":
                 return False
             first = next(tar.headers(), None)
@@ -170,7 +178,10 @@ def opened_group_archive(path: str | os.PathLike[str]) -> Iterator[list[str]]:
 
 @contextlib.contextmanager
 def _verified_copies(src: Path) -> Iterator[list[str]]:
-    with tempfile.TemporaryDirectory(prefix="kk3group-") as tmp, SafeTar(src, Limits()) as tar:
+    with (
+        tempfile.TemporaryDirectory(prefix="kk3group-") as tmp,
+        SafeTar(src, _group_limits()) as tar,
+    ):
         index: dict[str, Any] | None = None
         top: str | None = None
         copied: dict[str, Path] = {}

@@ -11,22 +11,55 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import os
 import stat
 import tarfile
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["CHUNK", "ArchiveError", "Limits", "SafeTar", "sniff"]
+__all__ = [
+    "CHUNK",
+    "MAX_BUNDLE_ENV",
+    "ArchiveError",
+    "Limits",
+    "SafeTar",
+    "lift_hint",
+    "max_bundle_bytes",
+    "sniff",
+]
 
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 CHUNK = 1 * MiB
 BLOCK = tarfile.BLOCKSIZE
+
+#: the environment variable that sets the limit on a bundle's expanded size, in GiB
+MAX_BUNDLE_ENV = "KK3_MAX_BUNDLE_GIB"
+#: default expanded size of a whole bundle: what report/diff/compare on this 2-core machine
+#: open in well under a minute (bench/bounds_bench.py); a bigger bundle is refused at its header
+DEFAULT_MAX_BUNDLE_BYTES = 4 * GiB
+
+
+def max_bundle_bytes() -> int:
+    """The expanded-size limit: ``KK3_MAX_BUNDLE_GIB`` when it is a positive number, else 4 GiB."""
+    raw = os.environ.get(MAX_BUNDLE_ENV, "").strip()
+    try:
+        gib = float(raw) if raw else 0.0
+    except ValueError:
+        gib = 0.0
+    if not math.isfinite(gib) or gib <= 0 or gib > 2**20:
+        return DEFAULT_MAX_BUNDLE_BYTES  # unset or not a sane number: the default holds
+    return max(1, int(gib * GiB))
+
+
+def lift_hint() -> str:
+    """How to open a bigger bundle that you trust (ends every size refusal)."""
+    return f"if you trust it, set {MAX_BUNDLE_ENV} to a larger number of GiB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +75,10 @@ class Limits:
     """
 
     max_members: int = 10_000
-    max_member_bytes: int = 16 * GiB  # logs/, probes/
+    max_member_bytes: int = field(default_factory=max_bundle_bytes)  # logs/, probes/
     max_json_bytes: int = 16 * MiB  # every *.json member (read into memory)
     max_text_bytes: int = 32 * MiB  # metrics/*.prom (read into memory on demand; real ~1 MiB)
-    max_total_bytes: int = 64 * GiB  # sum of uncompressed member sizes
+    max_total_bytes: int = field(default_factory=max_bundle_bytes)  # uncompressed members
     max_compression_ratio: float = 600.0
     ratio_grace_bytes: int = 64 * MiB
     max_json_depth: int = 64
@@ -236,7 +269,8 @@ class _Guard(io.RawIOBase):
         if self._high > self._max_stream:
             raise ArchiveError(
                 "archive-too-large",
-                f"the archive expands past {self._max_stream} bytes (limit on the total size)",
+                f"the archive expands past {self._max_stream} bytes (limit on the total size); "
+                f"{lift_hint()}",
             )
         if self._gz and self._high > self._limits.ratio_grace_bytes:
             consumed = max(self._raw.tell(), 1)

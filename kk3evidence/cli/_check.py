@@ -10,6 +10,7 @@ from kk3evidence.handoff import evidence as _evidence
 from kk3evidence.handoff.compat import CheckResult, check, cpu_build
 from kk3evidence.handoff.group import check_group
 
+from ._budget import add_coverage, consumer_scope, echo_notes, full_option
 from ._common import echo_json, handle_errors
 from ._merge import expand
 
@@ -57,8 +58,9 @@ def _human(result: CheckResult, cpu: list[str] | None = None) -> str:
               help="Also apply a recipe's boundaries (e.g. kimi-k3). Default: picked from the "
                    "served model when one matches.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@full_option
 @handle_errors
-def command(bundles: tuple[str, ...], recipe: str | None, as_json: bool) -> None:
+def command(bundles: tuple[str, ...], recipe: str | None, as_json: bool, full: bool) -> None:
     """Check BUNDLE against compatibility rules kept as data (rules/compat/*.toml).
 
     Every rule ends pass, fail or unknown with the evidence it used and its source URL and
@@ -72,13 +74,15 @@ def command(bundles: tuple[str, ...], recipe: str | None, as_json: bool) -> None
         if len(paths) > 1:
             _group(tuple(paths), recipe, as_json)
             return
-    ev = _evidence.load(bundles[0])
+    with consumer_scope(full) as seen:
+        ev = _evidence.load(bundles[0])
     result = check(ev, recipe)
     cpu = cpu_build(ev)
     if as_json:
-        echo_json({**result.to_json(), "cpu_build": cpu is not None})
+        echo_json(add_coverage({**result.to_json(), "cpu_build": cpu is not None}, seen))
     else:
         click.echo(_human(result, cpu))
+    echo_notes(seen, human=not as_json)
     sys.exit(result.exit_code)
 
 

@@ -13,6 +13,7 @@ from kk3evidence.errors import UsageError
 if TYPE_CHECKING:
     from kk3evidence.handoff.compare import Comparison
 
+from ._budget import add_coverage, consumer_scope, echo_notes, full_option
 from ._common import echo_json, handle_errors, safe_text
 
 _COLUMNS = ("run", "environment", "config", "driver", "image_id", "vllm", "gpus",
@@ -72,9 +73,10 @@ def _human(result: Comparison) -> str:
               help="Runs whose fingerprint host is HOST belong to the isolated environment.")
 @click.option("--json", "as_json", is_flag=True, help="Rows, groups and decision as JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="One CSV row per run.")
+@full_option
 @handle_errors
-def command(bundles: tuple[str, ...], isolated: tuple[str, ...],
-            isolated_hosts: tuple[str, ...], as_json: bool, as_csv: bool) -> None:
+def command(bundles: tuple[str, ...], isolated: tuple[str, ...],  # noqa: PLR0917
+            isolated_hosts: tuple[str, ...], as_json: bool, as_csv: bool, full: bool) -> None:
     """Compare runs: a row per run (configuration and outcome), runs grouped by identical
     configuration, how stable the first failing stage is across repeats, and the guide's
     decision - keep fixing here, move to an isolated environment, or hand off upstream -
@@ -88,12 +90,14 @@ def command(bundles: tuple[str, ...], isolated: tuple[str, ...],
     paths = list(dict.fromkeys([*bundles, *isolated]))
     if not paths:
         raise UsageError("give at least one bundle to compare")
-    result: Comparison = _compare_module().compare(
-        paths, isolated=isolated, isolated_hosts=isolated_hosts
-    )
+    with consumer_scope(full) as seen:
+        result: Comparison = _compare_module().compare(
+            paths, isolated=isolated, isolated_hosts=isolated_hosts
+        )
     if as_json:
-        echo_json(result.to_json())
+        echo_json(add_coverage(result.to_json(), seen))
     elif as_csv:
         click.echo(safe_text(result.to_csv()), nl=False)
     else:
         click.echo(safe_text(_human(result)))
+    echo_notes(seen, human=not (as_json or as_csv))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -12,6 +13,7 @@ from kk3evidence.errors import UsageError
 from kk3evidence.handoff.diff import DiffResult, diff
 from kk3evidence.handoff.group import GroupDiff, diff_group_sets, diff_groups
 
+from ._budget import add_coverage, consumer_scope, echo_notes, full_option
 from ._common import echo_json, handle_errors, safe_text
 from ._merge import expand
 
@@ -48,8 +50,9 @@ def _human(result: DiffResult) -> str:
 @click.argument("bundles", nargs=-1, required=True, metavar="A B | A0 A1.. B0 B1..",
                 type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@full_option
 @handle_errors
-def command(bundles: tuple[str, ...], as_json: bool) -> None:
+def command(bundles: tuple[str, ...], as_json: bool, full: bool) -> None:
     """Compare two bundles: fingerprint, launch flags, environment, request and outcome.
 
     Counts the variables that changed (outcome differences and noise such as pids,
@@ -61,27 +64,33 @@ def command(bundles: tuple[str, ...], as_json: bool) -> None:
     of A is compared with node N of B, and the verdict counts the variables changed on any
     node.
     """
+    with consumer_scope(full) as seen:
+        _diff(bundles, as_json, seen)
+
+
+def _diff(bundles: tuple[str, ...], as_json: bool, seen: list[tuple[str, dict[str, Any]]]) -> None:
     archives = [b for b in bundles if Path(b).is_file() and is_group_archive(b)]
     if len(bundles) == 2 and len(archives) == 2:
         with expand((bundles[0],)) as a, expand((bundles[1],)) as b:
-            _show_groups(diff_group_sets(a, b), as_json)
+            _show_groups(diff_group_sets(a, b), as_json, seen)
         return
     if len(bundles) > 2:
-        _show_groups(diff_groups(bundles), as_json)
+        _show_groups(diff_groups(bundles), as_json, seen)
         return
     if len(bundles) != 2:
         raise UsageError("diff needs two bundles (A B) or the bundles of two groups")
     result = diff(bundles[0], bundles[1])
     if as_json:
-        echo_json(result.to_json())
+        echo_json(add_coverage(result.to_json(), seen))
     else:
         click.echo(safe_text(_human(result)))
+    echo_notes(seen, human=not as_json)
     sys.exit(result.exit_code)
 
 
-def _show_groups(result: GroupDiff, as_json: bool) -> None:
+def _show_groups(result: GroupDiff, as_json: bool, seen: list[tuple[str, dict[str, Any]]]) -> None:
     if as_json:
-        echo_json(result.to_json())
+        echo_json(add_coverage(result.to_json(), seen))
     else:
         for node, d in result.pairs:
             click.echo(f"== {node}")
@@ -90,4 +99,5 @@ def _show_groups(result: GroupDiff, as_json: bool) -> None:
         for u in result.unpaired:
             click.echo(f"unpaired: {u}")
         click.echo(f"Group verdict: {result.summary()}")
+    echo_notes(seen, human=not as_json)
     sys.exit(result.exit_code)

@@ -11,6 +11,7 @@ from kk3evidence.handoff.group import report_group
 from kk3evidence.handoff.report.i18n import LANGS
 from kk3evidence.handoff.report.markdown import FORMATS, render_report
 
+from ._budget import consumer_scope, echo_notes, full_option, notes
 from ._common import handle_errors, safe_text
 from ._merge import expand
 
@@ -32,10 +33,11 @@ from ._merge import expand
               help="Compatibility recipe to check (default: picked from the served model).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
               help="Write to this file instead of stdout.")
+@full_option
 @handle_errors
 def command(  # noqa: PLR0917 - one parameter per click option
     bundles: tuple[str, ...], baseline: str | None, fmt: str, lang: str, recipe: str | None,
-    output: str | None,
+    output: str | None, full: bool,
 ) -> None:
     """Write the hand-off for BUNDLE: fingerprint table, minimal command, fixed request and
     response, first failing stage with its evidence lines, the single-variable result against
@@ -46,14 +48,18 @@ def command(  # noqa: PLR0917 - one parameter per click option
     first failure with its node, consistency across nodes), then the hand-off of the node that
     failed first.
     """
-    with expand(bundles) as paths:
+    with consumer_scope(full) as seen, expand(bundles) as paths:
         if len(paths) > 1:
             if fmt != "markdown" or baseline:
                 raise UsageError("a group report (several bundles) is markdown, no --baseline")
             doc = report_group(paths, lang=lang, recipe=recipe)
-    if len(paths) == 1:
-        doc = render_report(bundles[0], baseline=baseline, fmt=fmt,  # type: ignore[arg-type]
-                            lang=lang, recipe=recipe)  # type: ignore[arg-type]
+        else:
+            doc = render_report(bundles[0], baseline=baseline, fmt=fmt,  # type: ignore[arg-type]
+                                lang=lang, recipe=recipe)  # type: ignore[arg-type]
+    if seen and fmt in ("markdown", "github"):
+        # The hand-off itself says what its analysis covered (it is read without our stderr).
+        doc += "\n" + "".join(f"> **Analysis coverage:** {n}\n" for n in notes(seen))
+    echo_notes(seen)
     doc = safe_text(doc)  # received text never drives a terminal (nor fails to encode)
     if output:
         try:

@@ -11,15 +11,19 @@ per-line receive times, and runs the analyzer when the bundle carries no ``analy
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
+from kk3evidence.analysis.budget import Budget
 from kk3evidence.analysis.engine_config import EngineConfig
 from kk3evidence.errors import BundleError, InputError
+from kk3evidence.handoff.logwindow import LineCursor
 from kk3evidence.handoff.records import Fingerprint, Launch, Notes, PrefixProbe, Request
-from kk3evidence.model import JSONValue
+from kk3evidence.model import JSONObject, JSONValue
 
 __all__ = [
     "Evidence", "Fingerprint", "Launch", "LogLine", "Notes", "Request", "coerce", "from_dicts",
@@ -155,6 +159,28 @@ def _windows(
     return tuple(window), tuple(tail)
 
 
+def _shown(raw: bytes, length: int) -> str:
+    """:func:`_decode` for a line known by its head and its full ``length``."""
+    cut = length - MAX_SHOWN_LINE
+    if cut > 2:
+        raw = raw[:MAX_SHOWN_LINE] + f" [... {cut} more bytes]".encode()
+    text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    return text.rsplit("\r", 1)[-1] if "\r" in text else text
+
+
+def _stream_windows(
+    fp: BinaryIO, target: int | None
+) -> tuple[tuple[LogLine, ...], tuple[LogLine, ...]]:
+    """:func:`_windows` over a member stream at C speed: lines are counted in chunks and only
+    the ones shown are kept (issue 16: a multi-GB log took most of a minute line by line)."""
+    span = (target - WINDOW_BEFORE, target + WINDOW_AFTER) if target is not None else (0, -1)
+    seen, last = LineCursor(fp).tail(WINDOW_BEFORE, MAX_SHOWN_LINE + 64, span)
+    window = [LogLine(no, _shown(raw, n)) for no, raw, n in seen]
+    if not any(line.line_no == target for line in window):
+        window = []  # the target past the end: nothing around it (as the line-by-line pass)
+    return tuple(window), tuple(LogLine(no, _shown(raw, n)) for no, raw, n in last)
+
+
 def _line_times(bundle: Any, wanted: set[int] | None = None) -> dict[int, float]:
     """Map line number -> receive wall time (seconds) from ``logs/lines.tsv``, if present.
 
@@ -165,23 +191,31 @@ def _line_times(bundle: Any, wanted: set[int] | None = None) -> dict[int, float]
         stream = bundle.open_member("logs/lines.tsv")
     except (KeyError, FileNotFoundError, BundleError, InputError):
         return out
-    last = max(wanted, default=1) if wanted is not None else None
     with stream:
-        for no, raw in enumerate(_rows(stream)):
-            if no == 0:
-                continue  # header row
-            if last is not None and wanted is not None:
-                if no > last:
-                    break
-                if no != 1 and no not in wanted:
-                    continue
-            parts = raw.decode("utf-8", errors="replace").rstrip("\n").split("\t")
-            if len(parts) >= 3:
-                try:
-                    out[no] = int(parts[2]) / 1e9
-                except ValueError:
-                    continue
+        if wanted is None:
+            for no, raw in enumerate(_rows(stream)):
+                _time_row(out, no, raw)
+            return out
+        # Row n+1 of lines.tsv (after its header) is log line n: jump to each wanted row.
+        cur = LineCursor(stream)
+        for line in sorted({1, *wanted}):
+            cur.skip_to(line + 1)
+            got = cur.read(256)
+            if got is None:
+                break
+            _time_row(out, line, got[0])
     return out
+
+
+def _time_row(out: dict[int, float], no: int, raw: bytes) -> None:
+    if no == 0:
+        return  # header row
+    parts = raw.decode("utf-8", errors="replace").rstrip("\n").split("\t")
+    if len(parts) >= 3:
+        try:
+            out[no] = int(parts[2]) / 1e9
+        except ValueError:
+            pass
 
 
 def _rows(stream: Any, limit: int = 256) -> Iterator[bytes]:
@@ -194,6 +228,46 @@ def _rows(stream: Any, limit: int = 256) -> Iterator[bytes]:
         yield row
 
 
+_LOG = "logs/combined.log"
+
+#: what report/diff/compare analyse of a log that has no stored analysis (issue 16): the
+#: first 256 MiB, where start-up failures are, and the last 64 MiB, where a serving crash
+#: and the end of the run are; the middle is only counted. ``--full`` lifts it.
+CONSUMER_BUDGET = Budget(256 * 1024 * 1024, 64 * 1024 * 1024, lift="--full")
+_full_analysis: contextvars.ContextVar[bool] = contextvars.ContextVar("full", default=False)
+
+
+def consumer_budget() -> Budget | None:
+    """The budget of the analysis a consumer runs, or None under :func:`full_analysis`."""
+    return None if _full_analysis.get() else CONSUMER_BUDGET
+
+
+@contextlib.contextmanager
+def full_analysis(full: bool = True) -> Iterator[None]:
+    """Within this block, consumers analyse whole logs (the CLI's ``--full``)."""
+    token = _full_analysis.set(full)
+    try:
+        yield
+    finally:
+        _full_analysis.reset(token)
+
+
+_coverage_seen: contextvars.ContextVar[list[tuple[str, JSONObject]] | None] = (
+    contextvars.ContextVar("coverage_seen", default=None))
+
+
+@contextlib.contextmanager
+def collect_coverage() -> Iterator[list[tuple[str, JSONObject]]]:
+    """Within this block, every bundle loaded whose log was analysed only in part adds
+    ``(source, coverage)`` to the yielded list (for the CLI to say so)."""
+    seen: list[tuple[str, JSONObject]] = []
+    token = _coverage_seen.set(seen)
+    try:
+        yield seen
+    finally:
+        _coverage_seen.reset(token)
+
+
 def load(path: str | Path) -> Evidence:
     """Read a bundle (verified) into an :class:`Evidence`; analyse its log when needed."""
     from kk3evidence.bundle.archive import open_bundle
@@ -201,14 +275,21 @@ def load(path: str | Path) -> Evidence:
     source = str(path)
     with open_bundle(path) as bundle:
         analysis: dict[str, Any] | None = bundle.analysis
+        known_tail: tuple[LogLine, ...] | None = None
         if analysis is None:
-            analysis = _analyze(bundle, source)
+            analysis, known_tail = _analyze(bundle, source)
         ff = analysis.get("first_failure") if analysis else None
         target = int(ff["line_no"]) if isinstance(ff, Mapping) and "line_no" in ff else None
-        try:
-            window, tail = _windows(bundle.iter_log_lines(), target)
-        except (KeyError, FileNotFoundError):
-            window, tail = (), ()
+        window: tuple[LogLine, ...] = ()
+        tail: tuple[LogLine, ...] = known_tail or ()
+        if bundle.has(_LOG) and known_tail is None:
+            with bundle.open_member(_LOG) as fp:
+                window, tail = _stream_windows(fp, target)
+        elif bundle.has(_LOG) and target is not None:
+            # The analysis pass kept the last lines: read only up to the failure's window
+            # (one pass less over a multi-GB .tar.gz; the hashes were checked at open).
+            with bundle.open_member(_LOG) as fp:
+                window = _head_window(fp, target)
         metrics: dict[str, str] = {}
         labels = bundle.metrics_labels() if hasattr(bundle, "metrics_labels") else [
             "before", "after"]
@@ -258,19 +339,73 @@ def _prefix_probe(bundle: Any) -> PrefixProbe | None:
         return None
 
 
-def _analyze(bundle: Any, source: str) -> dict[str, Any] | None:
-    """Analyse the bundle's combined log when no ``analysis.json`` was stored."""
+def _analyze(
+    bundle: Any, source: str
+) -> tuple[dict[str, Any] | None, tuple[LogLine, ...] | None]:
+    """Analyse the bundle's combined log when no ``analysis.json`` was stored; also the last
+    lines of the log, seen on the way (None when they could not be told)."""
     try:
         from kk3evidence.analysis.engine import analyze
     except ImportError:  # analyzer not installed in this build
-        return None
-    try:
-        result = analyze(bundle.iter_log_lines())
-    except (KeyError, FileNotFoundError):
-        return None
+        return None, None
+    if not bundle.has(_LOG):
+        return None, None
+    with bundle.open_member(_LOG) as fp:
+        reads = _SmallReads(fp)
+        result = analyze(reads, budget=consumer_budget(), label=source)
     data: dict[str, Any] = result.to_json()
     data["source"] = source
-    return data
+    seen = _coverage_seen.get()
+    if seen is not None and result.coverage is not None:
+        seen.append((source, result.coverage))
+    return data, reads.last_lines(result.lines_total)
+
+
+class _SmallReads:
+    """A member stream read 1 MiB at a time (the analyzer's 16 MiB blocks of huge lines cost
+    ~70 MB; a report's memory should follow what it shows), keeping the last two reads."""
+
+    def __init__(self, fp: BinaryIO) -> None:
+        self._fp = fp
+        self._last: collections.deque[bytes] = collections.deque(maxlen=2)
+        self._total = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._fp.read(1024 * 1024 if size < 0 else min(size, 1024 * 1024))
+        if data:
+            self._last.append(data)
+            self._total += len(data)
+        return data
+
+    def last_lines(self, lines_total: int) -> tuple[LogLine, ...] | None:
+        """The log's last lines (numbered from the analysis's line count), or None when the
+        kept bytes hold no whole line (then a full pass finds them)."""
+        data = b"".join(self._last)
+        whole = len(data) == self._total
+        if not whole:  # not from the start: drop the cut first line
+            data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""
+        parts = data.split(b"\n")
+        raws = [x + b"\n" for x in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+        if not whole and len(raws) < WINDOW_BEFORE:
+            return None  # long last lines: the full pass tells them exactly
+        first = lines_total - len(raws) + 1
+        shown = [LogLine(first + i, _shown(raw[: MAX_SHOWN_LINE + 64], len(raw)))
+                 for i, raw in enumerate(raws)]
+        return tuple(shown[-WINDOW_BEFORE:])
+
+
+def _head_window(fp: BinaryIO, target: int) -> tuple[LogLine, ...]:
+    """The lines around ``target``, reading no further than they are."""
+    cur = LineCursor(fp)
+    cur.skip_to(max(1, target - WINDOW_BEFORE))
+    out: list[LogLine] = []
+    while cur.next_line <= target + WINDOW_AFTER:
+        no = cur.next_line
+        got = cur.read(MAX_SHOWN_LINE + 64)
+        if got is None:
+            break
+        out.append(LogLine(no, _shown(*got)))
+    return tuple(out) if any(line.line_no == target for line in out) else ()
 
 
 def coerce(item: Evidence | str | Path) -> Evidence:
