@@ -197,6 +197,11 @@ _XLA_LOG_RE = re.compile(
 _XLA_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _UVICORN_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _PYLOG_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<name>[\w.]+):")
+# Python logging's "%(asctime)s - %(name)s - %(levelname)s - %(message)s" (vllm-ascend and
+# other embedders): the timestamp is peeled as a wrapper, "- name - LEVEL - " is left.
+_PYLOG_DASH_RE = re.compile(
+    r"^-\s+(?P<name>[A-Za-z_][\w.]*)\s+-\s+(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+-\s"
+)
 
 
 _LEVEL_INITIALS = frozenset("DIWEC")
@@ -733,6 +738,26 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
         note="vLLM's process tag (and Ray's with a name); a worker's rank from its name",
     ),
     EnvelopeFormat(
+        name="vllm_proc_inner",
+        layer="process",
+        guard=Guard(first=frozenset("(")),
+        regex=_VLLM_PROC_RE,
+        apply=_y_vllm_proc,
+        yields=("process", "pid", "rank"),
+        samples=(
+            Sample(
+                line=(
+                    "(vLLMHttpServer pid=6840) (Worker pid=7181) ERROR 06-09 17:58:55 "
+                    "[multiproc_executor.py:852] WorkerProc failed to start."
+                ),
+                body="WorkerProc failed to start.",
+                process="Worker pid=7181",
+                level="ERROR",
+            ),
+        ),
+        note="a second vLLM process tag inside the first (verl's server around its worker)",
+    ),
+    EnvelopeFormat(
         name="vllm_level",
         layer="level",
         guard=Guard(first=_LEVEL_INITIALS),
@@ -981,6 +1006,25 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note="Python logging's default format LEVEL:name:msg",
+    ),
+    EnvelopeFormat(
+        name="pylog_dash",
+        layer="level",
+        guard=Guard(first=frozenset("-")),
+        regex=_PYLOG_DASH_RE,
+        apply=_y_level,
+        yields=("level",),
+        samples=(
+            Sample(
+                line=(
+                    "2026-03-10 17:22:52,463 - vllm.v1.executor.multiproc_executor - ERROR - "
+                    "WorkerProc failed to start."
+                ),
+                body="WorkerProc failed to start.",
+                level="ERROR",
+            ),
+        ),
+        note="Python logging's 'asctime - name - LEVEL - msg' (after the timestamp wrapper)",
     ),
 )
 
