@@ -135,8 +135,11 @@ _BRACKET_TS_RE = re.compile(
 _ANSI_REMNANT_RE = re.compile(r"(?<![\w\]])\[(?:\d{1,3}(?:;\d{1,3})*)?m(?![\w])")
 
 # Producer prefixes.
+# A tag nested in another ("(vLLMHttpServer pid=1) (Worker pid=2) ...", verl): the outer one is
+# skipped, the inner one (the process that logged the line) is kept.
 _VLLM_PROC_RE = re.compile(
-    r"^\((?P<name>[A-Za-z][A-Za-z0-9_\-]*(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3})\s+pid=(?P<pid>\d+)"
+    r"^(?:\([A-Za-z][A-Za-z0-9_\-]*\s+pid=\d+\)\s+(?=\([A-Za-z][^()]{0,80}\bpid=\d+))?"
+    r"\((?P<name>[A-Za-z][A-Za-z0-9_\-]*(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3})\s+pid=(?P<pid>\d+)"
     r"(?:,\s*ip=(?P<ip>[^)\s]+))?\)\s?"
 )
 # Ray prefixes without a process name: "(pid=123) ", "(pid=123, ip=10.0.0.1) ", "(raylet) ".
@@ -730,22 +733,6 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
                 level="INFO",
             ),
             Sample(
-                line="(EngineCore_DP0 pid=6880) ValueError: boom",
-                body="ValueError: boom",
-                process="EngineCore_DP0 pid=6880",
-            ),
-        ),
-        note="vLLM's process tag (and Ray's with a name); a worker's rank from its name",
-    ),
-    EnvelopeFormat(
-        name="vllm_proc_inner",
-        layer="process",
-        guard=Guard(first=frozenset("(")),
-        regex=_VLLM_PROC_RE,
-        apply=_y_vllm_proc,
-        yields=("process", "pid", "rank"),
-        samples=(
-            Sample(
                 line=(
                     "(vLLMHttpServer pid=6840) (Worker pid=7181) ERROR 06-09 17:58:55 "
                     "[multiproc_executor.py:852] WorkerProc failed to start."
@@ -754,8 +741,13 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
                 process="Worker pid=7181",
                 level="ERROR",
             ),
+            Sample(
+                line="(EngineCore_DP0 pid=6880) ValueError: boom",
+                body="ValueError: boom",
+                process="EngineCore_DP0 pid=6880",
+            ),
         ),
-        note="a second vLLM process tag inside the first (verl's server around its worker)",
+        note="vLLM's process tag (and Ray's with a name); a worker's rank from its name",
     ),
     EnvelopeFormat(
         name="vllm_level",
@@ -1016,10 +1008,8 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
         yields=("level",),
         samples=(
             Sample(
-                line=(
-                    "2026-03-10 17:22:52,463 - vllm.v1.executor.multiproc_executor - ERROR - "
-                    "WorkerProc failed to start."
-                ),
+                # real lines start with "2026-03-10 17:22:52,463 " (peeled by k8s_iso)
+                line="- vllm.v1.executor.multiproc_executor - ERROR - WorkerProc failed to start.",
                 body="WorkerProc failed to start.",
                 level="ERROR",
             ),
