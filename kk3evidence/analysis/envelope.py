@@ -135,11 +135,8 @@ _BRACKET_TS_RE = re.compile(
 _ANSI_REMNANT_RE = re.compile(r"(?<![\w\]])\[(?:\d{1,3}(?:;\d{1,3})*)?m(?![\w])")
 
 # Producer prefixes.
-# A tag nested in another ("(vLLMHttpServer pid=1) (Worker pid=2) ...", verl): the outer one is
-# skipped, the inner one (the process that logged the line) is kept.
 _VLLM_PROC_RE = re.compile(
-    r"^(?:\([A-Za-z][A-Za-z0-9_\-]*\s+pid=\d+\)\s+(?=\([A-Za-z][^()]{0,80}\bpid=\d+))?"
-    r"\((?P<name>[A-Za-z][A-Za-z0-9_\-]*(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3})\s+pid=(?P<pid>\d+)"
+    r"^\((?P<name>[A-Za-z][A-Za-z0-9_\-]*(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3})\s+pid=(?P<pid>\d+)"
     r"(?:,\s*ip=(?P<ip>[^)\s]+))?\)\s?"
 )
 # Ray prefixes without a process name: "(pid=123) ", "(pid=123, ip=10.0.0.1) ", "(raylet) ".
@@ -372,6 +369,13 @@ def _y_ray_bare(m: re.Match[str], acc: _Acc) -> None:
 
 
 def _y_vllm_proc(m: re.Match[str], acc: _Acc) -> None:
+    if acc.rest[:1] == "(":
+        # a tag nested in another ("(vLLMHttpServer pid=1) (Worker pid=2) ...", verl): the
+        # inner one is the process that logged the line
+        inner = _VLLM_PROC_RE.match(acc.rest)
+        if inner:
+            acc.rest = acc.rest[inner.end() :]
+            m = inner
     name = " ".join(m.group("name").split())
     pid = int(m.group("pid"))
     acc.pid = pid
