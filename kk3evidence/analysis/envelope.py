@@ -197,6 +197,11 @@ _XLA_LOG_RE = re.compile(
 _XLA_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _UVICORN_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _PYLOG_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<name>[\w.]+):")
+# Python logging's "%(asctime)s - %(name)s - %(levelname)s - %(message)s" (vllm-ascend and
+# other embedders): the timestamp is peeled as a wrapper, "- name - LEVEL - " is left.
+_PYLOG_DASH_RE = re.compile(
+    r"^-\s+(?P<name>[A-Za-z_][\w.]*)\s+-\s+(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+-\s"
+)
 
 
 _LEVEL_INITIALS = frozenset("DIWEC")
@@ -364,6 +369,13 @@ def _y_ray_bare(m: re.Match[str], acc: _Acc) -> None:
 
 
 def _y_vllm_proc(m: re.Match[str], acc: _Acc) -> None:
+    if acc.rest[:1] == "(":
+        # a tag nested in another ("(vLLMHttpServer pid=1) (Worker pid=2) ...", verl): the
+        # inner one is the process that logged the line
+        inner = _VLLM_PROC_RE.match(acc.rest)
+        if inner:
+            acc.rest = acc.rest[inner.end() :]
+            m = inner
     name = " ".join(m.group("name").split())
     pid = int(m.group("pid"))
     acc.pid = pid
@@ -725,6 +737,15 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
                 level="INFO",
             ),
             Sample(
+                line=(
+                    "(vLLMHttpServer pid=6840) (Worker pid=7181) ERROR 06-09 17:58:55 "
+                    "[multiproc_executor.py:852] WorkerProc failed to start."
+                ),
+                body="WorkerProc failed to start.",
+                process="Worker pid=7181",
+                level="ERROR",
+            ),
+            Sample(
                 line="(EngineCore_DP0 pid=6880) ValueError: boom",
                 body="ValueError: boom",
                 process="EngineCore_DP0 pid=6880",
@@ -981,6 +1002,23 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note="Python logging's default format LEVEL:name:msg",
+    ),
+    EnvelopeFormat(
+        name="pylog_dash",
+        layer="level",
+        guard=Guard(first=frozenset("-")),
+        regex=_PYLOG_DASH_RE,
+        apply=_y_level,
+        yields=("level",),
+        samples=(
+            Sample(
+                # real lines start with "2026-03-10 17:22:52,463 " (peeled by k8s_iso)
+                line="- vllm.v1.executor.multiproc_executor - ERROR - WorkerProc failed to start.",
+                body="WorkerProc failed to start.",
+                level="ERROR",
+            ),
+        ),
+        note="Python logging's 'asctime - name - LEVEL - msg' (after the timestamp wrapper)",
     ),
 )
 
