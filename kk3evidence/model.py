@@ -250,7 +250,7 @@ class Analysis:
     def failed(self) -> bool:
         return self.first_failure is not None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The SPEC §4 object, with exactly its top-level keys.
 
         What the engine adds beyond the contract (pattern captures, context lines, the rule's
@@ -285,7 +285,7 @@ class Analysis:
             "consequences": [
                 {"line_no": c.line_no, "rule": c.rule, "text": c.text} for c in self.consequences
             ],
-            "findings": findings,
+            "findings": [*findings],
             "stall": self.stall,
             "engine_config": self.engine_config,
             **({"coverage": self.coverage} if self.coverage is not None else {}),

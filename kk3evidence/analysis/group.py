@@ -47,7 +47,7 @@ from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import RuleSet
 from kk3evidence.bundle.archive import Bundle, open_bundle
 from kk3evidence.errors import InputError
-from kk3evidence.model import Analysis, Finding, JSONObject
+from kk3evidence.model import Analysis, Finding, JSONObject, JSONValue
 from kk3evidence.vllm_args import parse_serve_argv
 
 GROUP_SCHEMA = "kk3evidence/group-analysis/v1"
@@ -189,6 +189,14 @@ class GroupAnalysis:
 
 
 # ---------------------------------------------------------------------------------- loading
+def _json_object(v: JSONValue) -> JSONObject | None:
+    return v if isinstance(v, dict) else None
+
+
+def _json_str(v: JSONValue) -> str | None:
+    return v if isinstance(v, str) else None
+
+
 def _node_label(group: Mapping[str, Any] | None, index: int) -> tuple[str, int | None]:
     rank = group.get("node_rank") if group else None
     if isinstance(rank, int):
@@ -338,20 +346,21 @@ def load_node(path: str, index: int, ruleset: RuleSet | None = None) -> NodeRun:
         wanted = {f.line_no for f in analysis.findings}
         wanted |= {k.line_no for hits in marks.values() for k in hits}
         wanted |= {k.prev for hits in marks.values() for k in hits if k.prev is not None}
-        times, last = _read_times(bundle, wanted, (group or {}).get("clock"))
+        clock = _json_object((group or {}).get("clock"))
+        times, last = _read_times(bundle, wanted, clock)
         return NodeRun(
             source=path,
             node=node,
             rank=rank,
             host=_host_of(group, bundle.fingerprint),
-            group_id=(group or {}).get("id"),
+            group_id=_json_str((group or {}).get("id")),
             analysis=analysis,
             fingerprint=bundle.fingerprint or {},
             launch=bundle.launch or {},
             marks=marks,
             times=times,
             last_line_t=last,
-            ntp_offset_s=_ntp_offset((group or {}).get("clock")),
+            ntp_offset_s=_ntp_offset(clock),
         )
 
 
@@ -636,7 +645,7 @@ class NodeLike(Protocol):
     @property
     def node(self) -> str: ...
     @property
-    def fingerprint(self) -> Mapping[str, Any]: ...
+    def fingerprint(self) -> Mapping[str, JSONValue]: ...
     @property
     def launch(self) -> Mapping[str, object]: ...
 
@@ -663,7 +672,8 @@ def load_facts(paths: Sequence[str]) -> list[NodeFacts]:
             node, rank = _node_label(b.group, i)
             out.append(
                 NodeFacts(
-                    path, node, rank, (b.group or {}).get("id"), b.fingerprint or {}, b.launch or {}
+                    path, node, rank, _json_str((b.group or {}).get("id")),
+                    b.fingerprint or {}, b.launch or {},
                 )
             )
     return out
@@ -721,7 +731,7 @@ def _version_findings(nodes: Sequence[NodeLike]) -> Iterator[dict[str, Any]]:
 
 
 def _env_findings(nodes: Sequence[NodeLike], skip: frozenset[str]) -> Iterator[dict[str, Any]]:
-    envs = {n.node: n.fingerprint.get("env") or {} for n in nodes}
+    envs = {n.node: _json_object(n.fingerprint.get("env")) or {} for n in nodes}
     names = sorted(
         {k for env in envs.values() for k in env if k.startswith(_ENV_PREFIXES) and k not in skip}
     )
@@ -768,7 +778,8 @@ def _library_findings(nodes: Sequence[NodeLike]) -> Iterator[dict[str, Any]]:
     per_node: dict[str, dict[str, str]] = {}
     for n in nodes:
         libs: dict[str, set[str]] = {}
-        for lib in n.fingerprint.get("libraries") or []:
+        raw = n.fingerprint.get("libraries")
+        for lib in raw if isinstance(raw, list) else []:
             if isinstance(lib, dict) and lib.get("name") and lib.get("version"):
                 libs.setdefault(str(lib["name"]), set()).add(str(lib["version"]))
         per_node[n.node] = {k: "/".join(sorted(v)) for k, v in libs.items()}
@@ -822,7 +833,7 @@ def to_json(g: GroupAnalysis, sources: Iterable[str] = ()) -> JSONObject:
             "node": ff.node,
         }
     else:
-        out["first_failure"] = dict(out["first_failure"] or {}, node=ff.node)
+        out["first_failure"] = dict(_json_object(out["first_failure"]) or {}, node=ff.node)
     out["consequences"] = [
         {"line_no": e.line_no or 1, "rule": e.rule, "text": e.text, "node": e.node}
         for e in g.consequences

@@ -945,7 +945,7 @@ class Bundle:
         return _objects(self.manifest.get("not_collected", []))
 
     @property
-    def group(self) -> dict[str, Any] | None:
+    def group(self) -> JSONObject | None:
         """``manifest.json["group"]`` (SPEC §3, 0.2) or None for a single-node bundle."""
         g = self.manifest.get("group")
         return g if isinstance(g, dict) else None

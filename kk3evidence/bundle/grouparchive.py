@@ -66,7 +66,8 @@ def write_group_archive(
         with open_bundle(path) as b:  # refuses anything invalid
             group = b.group or {}
             rank = group.get("node_rank")
-            ids.add(group.get("id"))
+            gid = group.get("id")
+            ids.add(gid if isinstance(gid, str) else None)
             bundle_id = b.bundle_id
         node = f"node{rank}" if isinstance(rank, int) else f"node{i}"
         if any(n["node"] == node for n in nodes):

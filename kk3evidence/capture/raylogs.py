@@ -16,10 +16,10 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kk3evidence.bundle.archive import BundleWriter
 from kk3evidence.errors import BundleError, Kk3Error
+from kk3evidence.model import JSONObject
 
 #: what Ray writes per worker/raylet; other files there (dashboard, events) are left out
 _WANTED = re.compile(
@@ -108,24 +108,24 @@ def collect(
     return members
 
 
-def analyse_extra(paths: Mapping[str, Path]) -> list[dict[str, Any]]:
+def analyse_extra(paths: Mapping[str, Path]) -> list[JSONObject]:
     """Each extra log's analysis summary, for ``analysis.json["extra_logs"]``."""
     from kk3evidence.analysis.engine import analyze
 
-    out: list[dict[str, Any]] = []
+    out: list[JSONObject] = []
     for member, path in paths.items():
         try:
-            a = analyze(str(path)).to_json()
+            a = analyze(str(path))
         except Kk3Error as exc:
             out.append({"member": member, "error": str(exc)})
             continue
         out.append(
             {
                 "member": member,
-                "lines_total": a["lines_total"],
-                "last_stage_reached": a["last_stage_reached"],
-                "first_failure": a["first_failure"],
-                "failures": sum(1 for f in a["findings"] if f.get("kind") == "failure"),
+                "lines_total": a.lines_total,
+                "last_stage_reached": a.last_stage_reached,
+                "first_failure": a.to_json()["first_failure"],
+                "failures": sum(1 for f in a.findings if f.kind == "failure"),
             }
         )
     return out
