@@ -47,6 +47,21 @@ JSONValue: TypeAlias = "str | int | float | bool | list[JSONValue] | dict[str, J
 #: a JSON object (a bundle member such as ``launch.json``, a manifest entry)
 JSONObject: TypeAlias = "dict[str, JSONValue]"
 
+
+def json_object(value: JSONValue) -> JSONObject | None:
+    """``value`` when it is a JSON object, else None (reading a member without trusting it)."""
+    return value if isinstance(value, dict) else None
+
+
+def json_objects(value: JSONValue) -> list[JSONObject]:
+    """The objects in ``value`` when it is a JSON array; anything else is skipped."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def json_list(value: JSONValue) -> list[JSONValue]:
+    """``value`` when it is a JSON array, else an empty list."""
+    return value if isinstance(value, list) else []
+
 Stage = str
 Category = str
 StageStatus = Literal["completed", "failed", "started"]

@@ -22,11 +22,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar, overload
 
 from kk3evidence import _resources
 from kk3evidence.errors import InputError
-from kk3evidence.model import FORMAT_IDS, JSONObject
+from kk3evidence.model import FORMAT_IDS, JSONObject, JSONValue, json_list
 
 __all__ = [
     "DEFAULT",
@@ -47,6 +47,7 @@ __all__ = [
 
 Scalar: TypeAlias = str | bool | int | float
 FlagValue: TypeAlias = str | bool | int | float | tuple[str | int | float, ...] | None
+_D = TypeVar("_D")
 
 TABLE_SCHEMA = FORMAT_IDS["vllm-args"]
 # vLLM's host default (None) binds every interface; a client connects through loopback.
@@ -125,15 +126,17 @@ class ArgTable:
     source: str = ""
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any], source: str = "") -> ArgTable:
-        if obj.get("schema") != TABLE_SCHEMA or not isinstance(obj.get("flags"), list):
+    def from_json(cls, obj: Mapping[str, JSONValue], source: str = "") -> ArgTable:
+        flags = obj.get("flags")
+        if obj.get("schema") != TABLE_SCHEMA or not isinstance(flags, list):
             raise InputError(
                 f"{source or 'vLLM argument table'}: not a {TABLE_SCHEMA} table; "
                 "regenerate it with scripts/gen-vllm-args"
             )
         specs: dict[str, FlagSpec] = {}
         option_map: dict[str, tuple[str, bool]] = {}
-        for i, raw in enumerate(obj["flags"]):
+        raw: Any  # an entry of the table; a malformed one is caught below
+        for i, raw in enumerate(flags):
             try:
                 spec = FlagSpec(
                     name=str(raw["name"]),
@@ -166,8 +169,8 @@ class ArgTable:
             vllm_version=str(obj.get("vllm_version", "unknown")),
             specs=MappingProxyType(specs),
             option_map=MappingProxyType(option_map),
-            tool_call_parsers=tuple(obj.get("tool_call_parsers") or ()),
-            reasoning_parsers=tuple(obj.get("reasoning_parsers") or ()),
+            tool_call_parsers=tuple(str(p) for p in json_list(obj.get("tool_call_parsers"))),
+            reasoning_parsers=tuple(str(p) for p in json_list(obj.get("reasoning_parsers"))),
             source=source or str(obj.get("source", "")),
         )
 
@@ -298,7 +301,11 @@ class ServeCommand:
         v = self.flags.get("gpu-memory-utilization")
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    def get(self, name: str, default: object = None) -> Any:
+    @overload
+    def get(self, name: str) -> FlagValue: ...
+    @overload
+    def get(self, name: str, default: _D) -> FlagValue | _D: ...
+    def get(self, name: str, default: object = None) -> object:
         """A flag's value by canonical name, alias or any spelling (``-tp``, ``--max_num_seqs``)."""
         key = self._canonical(name)
         if key == "model":

@@ -47,7 +47,7 @@ from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import RuleSet
 from kk3evidence.bundle.archive import Bundle, open_bundle
 from kk3evidence.errors import InputError
-from kk3evidence.model import Analysis, Finding, JSONObject, JSONValue
+from kk3evidence.model import Analysis, Finding, JSONObject, JSONValue, json_object
 from kk3evidence.vllm_args import parse_serve_argv
 
 GROUP_SCHEMA = "kk3evidence/group-analysis/v1"
@@ -189,10 +189,6 @@ class GroupAnalysis:
 
 
 # ---------------------------------------------------------------------------------- loading
-def _json_object(v: JSONValue) -> JSONObject | None:
-    return v if isinstance(v, dict) else None
-
-
 def _json_str(v: JSONValue) -> str | None:
     return v if isinstance(v, str) else None
 
@@ -346,7 +342,7 @@ def load_node(path: str, index: int, ruleset: RuleSet | None = None) -> NodeRun:
         wanted = {f.line_no for f in analysis.findings}
         wanted |= {k.line_no for hits in marks.values() for k in hits}
         wanted |= {k.prev for hits in marks.values() for k in hits if k.prev is not None}
-        clock = _json_object((group or {}).get("clock"))
+        clock = json_object((group or {}).get("clock"))
         times, last = _read_times(bundle, wanted, clock)
         return NodeRun(
             source=path,
@@ -731,7 +727,7 @@ def _version_findings(nodes: Sequence[NodeLike]) -> Iterator[dict[str, Any]]:
 
 
 def _env_findings(nodes: Sequence[NodeLike], skip: frozenset[str]) -> Iterator[dict[str, Any]]:
-    envs = {n.node: _json_object(n.fingerprint.get("env")) or {} for n in nodes}
+    envs = {n.node: json_object(n.fingerprint.get("env")) or {} for n in nodes}
     names = sorted(
         {k for env in envs.values() for k in env if k.startswith(_ENV_PREFIXES) and k not in skip}
     )
@@ -833,7 +829,7 @@ def to_json(g: GroupAnalysis, sources: Iterable[str] = ()) -> JSONObject:
             "node": ff.node,
         }
     else:
-        out["first_failure"] = dict(_json_object(out["first_failure"]) or {}, node=ff.node)
+        out["first_failure"] = dict(json_object(out["first_failure"]) or {}, node=ff.node)
     out["consequences"] = [
         {"line_no": e.line_no or 1, "rule": e.rule, "text": e.text, "node": e.node}
         for e in g.consequences

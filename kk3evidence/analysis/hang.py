@@ -22,7 +22,16 @@ from typing import Any
 
 from kk3evidence.analysis.grammar import parse_line
 from kk3evidence.analysis.progress import MilestoneWatcher
-from kk3evidence.model import Analysis, Finding, RuleInfo, StageSpan
+from kk3evidence.model import (
+    Analysis,
+    Finding,
+    JSONValue,
+    RuleInfo,
+    StageSpan,
+    json_list,
+    json_object,
+    json_objects,
+)
 
 __all__ = [
     "STALL_RULE",
@@ -545,7 +554,7 @@ def _next_steps(stage: str, missing: list[int], waits: list[dict[str, Any]]) -> 
     return steps
 
 
-def describe_stall(stall: Mapping[str, Any]) -> list[str]:
+def describe_stall(stall: Mapping[str, JSONValue]) -> list[str]:
     """Plain lines about a stall (for the analyze text and the report): where and since when,
     the rank × milestone matrix, what each process waited in, the largest gaps."""
     out = [f"Progress stopped in {stall.get('stage')} after line {stall.get('since_line')}"]
@@ -558,12 +567,12 @@ def describe_stall(stall: Mapping[str, Any]) -> list[str]:
     world = stall.get("world_size")
     if world:
         out.append(f"Ranks (world_size={world}) × milestones, from the log:")
-        for r in stall.get("ranks") or []:
-            ms = ", ".join(f"{k}@{v}" for k, v in (r.get("milestones") or {}).items())
+        for r in json_objects(stall.get("ranks")):
+            ms = ", ".join(f"{k}@{v}" for k, v in (json_object(r.get("milestones")) or {}).items())
             out.append(f"  rank {r.get('rank')}: {ms or '-'} ({r.get('process') or 'unprefixed'})")
-        for m in stall.get("missing_ranks") or []:
+        for m in json_list(stall.get("missing_ranks")):
             out.append(f"  rank {m}: never appeared in this log")
-    for p in stall.get("processes") or []:
+    for p in json_objects(stall.get("processes")):
         what = p.get("waiting_in") or "no known wait in its stacks"
         where = f" in {p.get('frame')}" if p.get("frame") else ""
         same = (
@@ -571,9 +580,10 @@ def describe_stall(stall: Mapping[str, Any]) -> list[str]:
             if p.get("stacks_same_in_second_snapshot")
             else ""
         )
-        socks = f"; sockets {', '.join(p.get('sockets')[:3])}" if p.get("sockets") else ""
+        sockets = [str(s) for s in json_list(p.get("sockets"))]
+        socks = f"; sockets {', '.join(sockets[:3])}" if sockets else ""
         out.append(f"  pid {p.get('pid')} {p.get('name')}: {what}{where}{same}{socks}")
-    gaps = stall.get("gaps") or []
+    gaps = json_objects(stall.get("gaps"))
     if gaps:
         out.append(
             "Largest gaps between log timestamps: "

@@ -95,9 +95,10 @@ def api_target(argv: Sequence[str], env: Mapping[str, str], url: str | None = No
     else:
         if cmd.has("host") or cmd.has("port"):
             how = "CMD arguments"
-        key = cmd.get("api-key") or key
-        if isinstance(key, tuple):
-            key = str(key[0]) if key else None
+        api_key = cmd.get("api-key")
+        if isinstance(api_key, tuple):  # given twice: the first wins, as in vLLM
+            api_key = str(api_key[0]) if api_key else None
+        key = str(api_key) if api_key else key
         return ApiTarget(cmd.host, cmd.port, cmd.base_url, key, how)
     if host_s is not None or port_s is not None:
         how = "CMD arguments"
