@@ -13,7 +13,12 @@ import enum
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
+
+# This file runs inside vLLM's interpreter without kk3evidence (capture/vllm_env.py), so it
+# keeps its own copy of model.JSONValue/JSONObject.
+JSONValue: TypeAlias = "str | int | float | bool | list[JSONValue] | dict[str, JSONValue] | None"
+JSONObject: TypeAlias = "dict[str, JSONValue]"
 
 SCHEMA = "kk3evidence/vllm-args/v1"
 
@@ -141,7 +146,7 @@ def _flag_entry(action: argparse.Action, group: str) -> dict[str, Any]:
     return entry
 
 
-def extract() -> dict[str, Any]:
+def extract() -> JSONObject:
     """Return the argument table of the installed vLLM's `vllm serve`."""
     import vllm  # type: ignore[import-not-found]
     from vllm.utils.argparse_utils import (  # type: ignore[import-not-found]
@@ -184,13 +189,15 @@ def extract() -> dict[str, Any]:
         "source": source,
         "generated_by": "scripts/gen-vllm-args",
         "positional": positional,
-        "tool_call_parsers": _registry_names(
-            "vllm.tool_parsers", ("_TOOL_PARSERS_TO_REGISTER", "_TOOL_PARSERS")
-        ),
-        "reasoning_parsers": _registry_names(
-            "vllm.reasoning", ("_REASONING_PARSERS_TO_REGISTER", "_REASONING_PARSERS")
-        ),
-        "flags": flags,
+        "tool_call_parsers": [
+            *_registry_names("vllm.tool_parsers", ("_TOOL_PARSERS_TO_REGISTER", "_TOOL_PARSERS"))
+        ],
+        "reasoning_parsers": [
+            *_registry_names(
+                "vllm.reasoning", ("_REASONING_PARSERS_TO_REGISTER", "_REASONING_PARSERS")
+            )
+        ],
+        "flags": [*flags],
     }
 
 
@@ -206,11 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     if ns.stdout:
         sys.stdout.write(text)
         return 0
-    major_minor = ".".join(table["vllm_version"].split(".")[:2])
+    version = str(table["vllm_version"])
+    major_minor = ".".join(version.split(".")[:2])
     out = Path(ns.out_dir) / f"vllm-{major_minor}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
-    print(f"wrote {out} ({len(table['flags'])} flags, vLLM {table['vllm_version']})")
+    flags = table["flags"]
+    count = len(flags) if isinstance(flags, list) else 0
+    print(f"wrote {out} ({count} flags, vLLM {version})")
     return 0
 
 

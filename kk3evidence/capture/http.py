@@ -96,7 +96,7 @@ def api_target(argv: Sequence[str], env: Mapping[str, str], url: str | None = No
         if cmd.has("host") or cmd.has("port"):
             how = "CMD arguments"
         api_key = cmd.get("api-key")
-        if isinstance(api_key, tuple):  # given twice: the first wins, as in vLLM
+        if isinstance(api_key, tuple):  # an appended flag: its first value, as before
             api_key = str(api_key[0]) if api_key else None
         key = str(api_key) if api_key else key
         return ApiTarget(cmd.host, cmd.port, cmd.base_url, key, how)
