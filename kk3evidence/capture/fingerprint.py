@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kk3evidence.model import FORMAT_IDS, JSONObject
+from kk3evidence.model import FORMAT_IDS, JSONObject, json_object
 
 FINGERPRINT_SCHEMA = FORMAT_IDS["fingerprint"]
 
@@ -181,7 +181,7 @@ def _process_name(nvml: Any, pid: int) -> str | None:
         return None
 
 
-def collect_gpus(nvml: Any = None) -> dict[str, Any]:
+def collect_gpus(nvml: object = None) -> JSONObject:
     """GPUs through NVML (pynvml's names). No NVML or no driver: ``source: "none"``."""
     result: dict[str, Any] = {
         "source": "none",
@@ -197,30 +197,31 @@ def collect_gpus(nvml: Any = None) -> dict[str, Any]:
             result["error"] = f"nvidia-ml-py not importable: {exc}"
             return result
         nvml = nvml_mod
+    lib: Any = nvml  # pynvml or a test double with its function names
     try:
-        nvml.nvmlInit()
+        lib.nvmlInit()
     except Exception as exc:
         kind = type(exc).__name__
         result["error"] = _one_line(f"{kind}: {exc}")
         if not any(k in kind for k in ("LibraryNotFound", "DriverNotLoaded", "NoPermission")):
             result["source"] = "error"
         return result
-    probe = _NvmlProbe(nvml)
+    probe = _NvmlProbe(lib)
     try:
         result["source"] = "nvml"
-        drv = probe.get("driver_version", nvml.nvmlSystemGetDriverVersion)
+        drv = probe.get("driver_version", lib.nvmlSystemGetDriverVersion)
         result["driver_version"] = _s(drv) if drv is not None else None
-        cuda_fn = getattr(nvml, "nvmlSystemGetCudaDriverVersion_v2", None)
-        cuda_fn = cuda_fn or nvml.nvmlSystemGetCudaDriverVersion
+        cuda_fn = getattr(lib, "nvmlSystemGetCudaDriverVersion_v2", None)
+        cuda_fn = cuda_fn or lib.nvmlSystemGetCudaDriverVersion
         cuda = probe.get("cuda_driver_version", cuda_fn)
         result["cuda_driver_version"] = _cuda_version(int(cuda)) if cuda is not None else None
-        ver = probe.get("nvml_version", nvml.nvmlSystemGetNVMLVersion)
+        ver = probe.get("nvml_version", lib.nvmlSystemGetNVMLVersion)
         result["nvml_version"] = _s(ver) if ver is not None else None
-        count = int(nvml.nvmlDeviceGetCount())
+        count = int(lib.nvmlDeviceGetCount())
         result["devices"] = [probe.device(index) for index in range(count)]
     finally:
         try:
-            nvml.nvmlShutdown()
+            lib.nvmlShutdown()
         except Exception:
             pass
     if probe.problems:
@@ -469,7 +470,7 @@ def find_interpreter(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str |
 
 def probe_python(
     interpreter: str, env: Mapping[str, str], timeout: float, cwd: str | None = None
-) -> dict[str, Any]:
+) -> JSONObject:
     """Run :data:`PYTHON_PROBE` with ``interpreter`` in a subprocess (bounded by ``timeout``)."""
     try:
         proc = subprocess.run(
@@ -509,7 +510,7 @@ def empty_python(source: str) -> JSONObject:
 
 def collect_python(
     argv: Sequence[str], env: Mapping[str, str], timeout: float = 60.0, cwd: str | None = None
-) -> tuple[dict[str, Any], ProbeRecord]:
+) -> tuple[JSONObject, ProbeRecord]:
     interp, how = find_interpreter(argv, env)
     if interp is None:
         return empty_python(how), ProbeRecord("python", False, 0.0, how)
@@ -517,10 +518,10 @@ def collect_python(
     out = empty_python(how)
     out["interpreter"] = interp
     if value is not None:
-        errors = value.pop("errors", None)
+        errors = json_object(value.pop("errors", None))
         out.update({k: v for k, v in value.items() if k in out and k != "interpreter"})
         if errors:
-            out["errors"] = {k: _one_line(v, 200) for k, v in errors.items()}
+            out["errors"] = {k: _one_line(str(v), 200) for k, v in errors.items()}
     return out, rec
 
 
@@ -556,7 +557,7 @@ class Fingerprint:
     libraries: list[dict[str, Any]] = field(default_factory=list)
     probes: list[ProbeRecord] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "schema": FINGERPRINT_SCHEMA,
             "collected_at": self.collected_at,
@@ -564,8 +565,8 @@ class Fingerprint:
             "gpus": self.gpus,
             "container": self.container,
             "python": self.python,
-            "env": self.env,
-            "libraries": self.libraries,
+            "env": {**self.env},
+            "libraries": [*self.libraries],
             "probes": [p.to_json() for p in self.probes],
         }
 
@@ -589,7 +590,7 @@ def collect_base(
     if gpus is not None:
         fp.gpus = gpus
         if gpus.get("error"):
-            rec = ProbeRecord(rec.name, gpus["source"] != "error", rec.seconds, gpus["error"])
+            rec = ProbeRecord(rec.name, gpus["source"] != "error", rec.seconds, str(gpus["error"]))
     else:
         fp.gpus = {**fp.gpus, "source": "error"}
     fp.probes.append(rec)
@@ -614,7 +615,7 @@ def collect(
     timeout: float = 10.0,
     python_timeout: float = 60.0,
     redact_env: Callable[[dict[str, str]], dict[str, str]] | None = None,
-    libraries: Iterable[dict[str, Any]] = (),
+    libraries: Iterable[JSONObject] = (),
 ) -> Fingerprint:
     """A whole fingerprint in one call (what ``capture`` does in pieces, concurrently)."""
     env = dict(os.environ if env is None else env)

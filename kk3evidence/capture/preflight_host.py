@@ -36,6 +36,7 @@ from kk3evidence.handoff.preflight import (
     VllmFacts,
     judge,
 )
+from kk3evidence.handoff.records import Gpus
 from kk3evidence.vllm_args import parse_serve_argv
 
 __all__ = ["collect_facts", "run_preflight"]
@@ -241,15 +242,14 @@ def _index_shards(folder: Path) -> tuple[tuple[str, ...] | None, str | None]:
 
 
 def probe_gpus(nvml: object = None) -> GpuFacts:
-    raw = collect_gpus(nvml)
-    devices = []
-    for d in raw.get("devices") or []:
-        procs = tuple((int(p.get("pid") or 0), str(p.get("name") or "?"),
-                       p.get("used_memory_bytes")) for p in d.get("processes") or [])
-        devices.append(GpuDevice(int(d.get("index") or 0), str(d.get("name") or "?"),
-                                 d.get("memory_total_bytes"), d.get("memory_used_bytes"), procs))
-    return GpuFacts(str(raw.get("source") or "none"), raw.get("error"),
-                    raw.get("driver_version"), raw.get("cuda_driver_version"), tuple(devices))
+    gpus = Gpus.from_json(collect_gpus(nvml))
+    devices = [
+        GpuDevice(d.index or 0, d.name or "?", d.memory_total_bytes, d.memory_used_bytes,
+                  tuple((p.pid or 0, p.name or "?", p.used_memory_bytes) for p in d.processes))
+        for d in gpus.devices
+    ]
+    return GpuFacts(gpus.source or "none", gpus.error, gpus.driver_version,
+                    gpus.cuda_driver_version, tuple(devices))
 
 
 def probe_port(host: str, port: int) -> PortFacts:

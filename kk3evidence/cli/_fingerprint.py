@@ -17,12 +17,12 @@ from ._common import echo_json, handle_errors
 def command(as_json: bool, cmd: tuple[str, ...]) -> None:
     """Print this machine's fingerprint (host, GPUs through NVML, container, the Python side of
     CMD when given), redacted as in a bundle. Nothing is written."""
-    data = collect(list(cmd), redact_env=Redactor().env).to_json()
+    fp = collect(list(cmd), redact_env=Redactor().env)
     if as_json:
-        echo_json(data)
+        echo_json(fp.to_json())
         return
-    g, c, p = data["gpus"], data["container"], data["python"]
-    click.echo(f"host: {data['host'].get('hostname')} {data['host'].get('kernel')}")
+    g, c, p = fp.gpus, fp.container, fp.python
+    click.echo(f"host: {fp.host.get('hostname')} {fp.host.get('kernel')}")
     click.echo(f"gpus: {g['source']} driver={g['driver_version']} cuda={g['cuda_driver_version']}")
     for d in g["devices"]:
         click.echo(f"  [{d['index']}] {d['name']} {d['uuid']} {d['pci_bus_id']}")
