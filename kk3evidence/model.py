@@ -62,6 +62,16 @@ def json_list(value: JSONValue) -> list[JSONValue]:
     """``value`` when it is a JSON array, else an empty list."""
     return value if isinstance(value, list) else []
 
+
+def json_str(value: JSONValue) -> str | None:
+    """``value`` when it is a JSON string, else None."""
+    return value if isinstance(value, str) else None
+
+
+def json_int(value: JSONValue) -> int | None:
+    """``value`` when it is a JSON integer (not a boolean), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
 Stage = str
 Category = str
 StageStatus = Literal["completed", "failed", "started"]

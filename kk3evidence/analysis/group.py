@@ -47,7 +47,7 @@ from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import RuleSet
 from kk3evidence.bundle.archive import Bundle, open_bundle
 from kk3evidence.errors import InputError
-from kk3evidence.model import Analysis, Finding, JSONObject, JSONValue, json_object
+from kk3evidence.model import Analysis, Finding, JSONObject, JSONValue, json_object, json_str
 from kk3evidence.vllm_args import parse_serve_argv
 
 GROUP_SCHEMA = "kk3evidence/group-analysis/v1"
@@ -189,10 +189,6 @@ class GroupAnalysis:
 
 
 # ---------------------------------------------------------------------------------- loading
-def _json_str(v: JSONValue) -> str | None:
-    return v if isinstance(v, str) else None
-
-
 def _node_label(group: Mapping[str, Any] | None, index: int) -> tuple[str, int | None]:
     rank = group.get("node_rank") if group else None
     if isinstance(rank, int):
@@ -349,7 +345,7 @@ def load_node(path: str, index: int, ruleset: RuleSet | None = None) -> NodeRun:
             node=node,
             rank=rank,
             host=_host_of(group, bundle.fingerprint),
-            group_id=_json_str((group or {}).get("id")),
+            group_id=json_str((group or {}).get("id")),
             analysis=analysis,
             fingerprint=bundle.fingerprint or {},
             launch=bundle.launch or {},
@@ -668,7 +664,7 @@ def load_facts(paths: Sequence[str]) -> list[NodeFacts]:
             node, rank = _node_label(b.group, i)
             out.append(
                 NodeFacts(
-                    path, node, rank, _json_str((b.group or {}).get("id")),
+                    path, node, rank, json_str((b.group or {}).get("id")),
                     b.fingerprint or {}, b.launch or {},
                 )
             )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import httpx
 
@@ -52,15 +52,18 @@ def count_tokens(client: httpx.Client, base_url: str, headers: Mapping[str, str]
     return (count if isinstance(count, int) else None, ctx if isinstance(ctx, int) else None)
 
 
+_Body = TypeVar("_Body", bound=Mapping[str, object])
+
+
 def fit_prompt(
     words: int,
-    make_body: Callable[[int], dict[str, Any]],
+    make_body: Callable[[int], _Body],
     counter: Callable[[Mapping[str, object]], tuple[int | None, int | None]],
     *,
     max_tokens: int,
     context: int | None,
     variable: str,
-) -> tuple[dict[str, Any], Fit]:
+) -> tuple[_Body, Fit]:
     """The body to send for a prompt of about ``words`` words, trimmed to fit the context."""
     body = make_body(words)
     tokens, server_ctx = counter(body)

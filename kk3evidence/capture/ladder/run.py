@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, Required, TypedDict
 
 from kk3evidence.analysis.engine import analyze
 from kk3evidence.analysis.progress import MilestoneWatcher
@@ -45,7 +45,15 @@ from kk3evidence.errors import InputError, Kk3Error, UsageError
 from kk3evidence.handoff import prompts
 from kk3evidence.handoff.diff import diff
 from kk3evidence.handoff.minimize import PLAN_SCHEMA, PlanStep, RequestSpec, step_variables
-from kk3evidence.model import FORMAT_IDS, JSONObject
+from kk3evidence.model import (
+    FORMAT_IDS,
+    JSONObject,
+    JSONValue,
+    json_int,
+    json_list,
+    json_object,
+    json_str,
+)
 
 if TYPE_CHECKING:
     from kk3evidence.capture.http import ApiTarget
@@ -212,7 +220,7 @@ class Outcome:
     requests: tuple[str, ...] = ()  # sorted distinct classes: "HTTP 2xx", "HTTP 400", ...
     exit_status: int | None = None
 
-    def key(self) -> tuple[Any, ...]:
+    def key(self) -> tuple[bool, str | None, str | None, tuple[str, ...]]:
         return (self.ready, self.failure_stage, self.failure_category, self.requests)
 
     @property
@@ -254,17 +262,28 @@ class Outcome:
         }
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> Outcome:
-        f = obj.get("failure") or {}
+    def from_json(cls, obj: Mapping[str, JSONValue]) -> Outcome:
+        f = json_object(obj.get("failure")) or {}
         return cls(
             ready=bool(obj.get("ready")),
-            failure_stage=f.get("stage"),
-            failure_category=f.get("category"),
-            failure_rule=f.get("rule"),
-            failure_text=f.get("text"),
-            requests=tuple(obj.get("requests") or ()),
-            exit_status=obj.get("exit_status"),
+            failure_stage=json_str(f.get("stage")),
+            failure_category=json_str(f.get("category")),
+            failure_rule=json_str(f.get("rule")),
+            failure_text=json_str(f.get("text")),
+            requests=tuple(str(r) for r in json_list(obj.get("requests"))),
+            exit_status=json_int(obj.get("exit_status")),
         )
+
+
+class StepRun(TypedDict, total=False):
+    """What the runner hands back for one step that ran, before it becomes a StepRecord."""
+
+    outcome: Required[Outcome]
+    bundle: Path | None  # set for every step of the group once capture has sealed it
+    requests_dir: str | None
+    summaries: tuple[str, ...]
+    shares_server_with: int | None
+    interrupted: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,17 +313,18 @@ class StepRecord:
         }
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> StepRecord:
+    def from_json(cls, obj: Mapping[str, JSONValue]) -> StepRecord:
+        o: Mapping[str, Any] = obj  # ladder.json as this module wrote it; values as stored
         return cls(
-            id=int(obj["id"]),
-            variable=str(obj["variable"]),
-            outcome=Outcome.from_json(obj["outcome"]),
-            bundle=obj.get("bundle"),
-            shares_server_with=obj.get("shares_server_with"),
-            requests_dir=obj.get("requests_dir"),
-            started_at=str(obj.get("started_at", "")),
-            seconds=float(obj.get("seconds", 0.0)),
-            request_summaries=tuple(obj.get("request_summaries") or ()),
+            id=int(o["id"]),
+            variable=str(o["variable"]),
+            outcome=Outcome.from_json(o["outcome"]),
+            bundle=o.get("bundle"),
+            shares_server_with=o.get("shares_server_with"),
+            requests_dir=o.get("requests_dir"),
+            started_at=str(o.get("started_at", "")),
+            seconds=float(o.get("seconds", 0.0)),
+            request_summaries=tuple(o.get("request_summaries") or ()),
         )
 
 
@@ -459,7 +479,7 @@ class _GroupRun:
     requests_done: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
     stop_requested: bool = False
-    records: list[tuple[PlanStep, dict[str, Any]]] = field(default_factory=list)
+    records: list[tuple[PlanStep, StepRun]] = field(default_factory=list)
     ready: bool = False
     served_model: str | None = None
     user_interrupted: bool = False
@@ -498,9 +518,9 @@ class CaptureRunner:
         steps: list[PlanStep],
         argv: list[str],
         env: dict[str, str],
-        on_step: Callable[[PlanStep, dict[str, Any]], bool],
+        on_step: Callable[[PlanStep, StepRun], bool],
         total: int,
-    ) -> list[tuple[PlanStep, dict[str, Any]]]:
+    ) -> list[tuple[PlanStep, StepRun]]:
         """Start the steps' server through capture, drive their requests from a thread, and
         return one raw record per step that ran."""
         from kk3evidence.capture import run as capture
@@ -610,8 +630,8 @@ class CaptureRunner:
         self,
         group: _GroupRun,
         result: CaptureResult,
-        on_step: Callable[[PlanStep, dict[str, Any]], bool],
-    ) -> list[tuple[PlanStep, dict[str, Any]]]:
+        on_step: Callable[[PlanStep, StepRun], bool],
+    ) -> list[tuple[PlanStep, StepRun]]:
         """The driver's records, or one for the first step when the server never got ready."""
         first = group.steps[0]
         launch: dict[str, Any] = {}
@@ -653,7 +673,7 @@ class CaptureRunner:
         return group.records
 
     # -- the driver thread: readiness, each step's requests, then stopping the server --------
-    def _drive(self, group: _GroupRun, on_step: Callable[[PlanStep, dict[str, Any]], bool]) -> None:
+    def _drive(self, group: _GroupRun, on_step: Callable[[PlanStep, StepRun], bool]) -> None:
         api = self._wait_ready(group)
         if api is None:
             return
@@ -704,7 +724,7 @@ class CaptureRunner:
             return None
         return _Api(target, headers, shown, rd.served_model)
 
-    def _run_step(self, group: _GroupRun, idx: int, step: PlanStep, api: _Api) -> dict[str, Any]:
+    def _run_step(self, group: _GroupRun, idx: int, step: PlanStep, api: _Api) -> StepRun:
         """One step's requests on the running server and the outcome of its log window."""
         self.progress.set_stage(f"requests of step {step.id} ({step.request.describe()})")
         start_line = group.tee.mark()
@@ -1070,7 +1090,7 @@ def _run_steps_from(lad: _Ladder, judge: _Judge, i: int, records: list[StepRecor
     t0 = time.monotonic()
     new_records: list[StepRecord] = []
 
-    def on_step(step: PlanStep, raw: dict[str, Any]) -> bool:
+    def on_step(step: PlanStep, raw: StepRun) -> bool:
         rec = StepRecord(
             id=step.id,
             variable=step.variable,
@@ -1095,7 +1115,7 @@ def _run_steps_from(lad: _Ladder, judge: _Judge, i: int, records: list[StepRecor
 
 def _keep_records(
     lad: _Ladder,
-    raw_records: Sequence[tuple[PlanStep, dict[str, Any]]],
+    raw_records: Sequence[tuple[PlanStep, StepRun]],
     new_records: Sequence[StepRecord],
     records: list[StepRecord],
 ) -> None:
