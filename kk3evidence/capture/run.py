@@ -58,7 +58,7 @@ from kk3evidence.capture.watchdog import (
     start_watchdog,
 )
 from kk3evidence.errors import CaptureError, InputError, Kk3Error, UsageError
-from kk3evidence.model import FORMAT_IDS, STAGES
+from kk3evidence.model import FORMAT_IDS, STAGES, JSONObject
 
 if TYPE_CHECKING:
     from kk3evidence.analysis.progress import MilestoneWatcher
@@ -86,7 +86,7 @@ class Change:
     to_value: str | None
     at: str | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "variable": self.variable,
             "from": self.from_value,
@@ -554,7 +554,7 @@ def run_capture(
     out: Callable[[bytes], None],
     err: Callable[[bytes], None],
     say: Callable[[str], None],
-    nvml: Any = None,
+    nvml: object = None,
     container_root: str = "/",
     progress: Callable[[str], None] | None = None,
 ) -> CaptureResult:

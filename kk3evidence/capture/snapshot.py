@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kk3evidence.capture.procscan import process_tree
+from kk3evidence.model import JSONObject, JSONValue, json_int, json_objects
 
 __all__ = ["STALL_SCHEMA", "compare", "py_spy_path", "take_snapshot"]
 
@@ -112,9 +113,10 @@ def _hex_addr(text: str) -> str:
     return f"{host}:{int(port, 16)}"
 
 
-def parse_net_tcp(text: str, proto: str = "tcp") -> dict[int, dict[str, Any]]:
-    """``{inode: socket}`` from the text of ``/proc/PID/net/tcp`` or ``tcp6``."""
-    out: dict[int, dict[str, Any]] = {}
+def parse_net_tcp(text: str, proto: str = "tcp") -> dict[int, dict[str, str]]:
+    """``{inode: socket}`` from the text of ``/proc/PID/net/tcp`` or ``tcp6`` (a socket:
+    ``proto``, ``local``, ``remote``, ``state``)."""
+    out: dict[int, dict[str, str]] = {}
     for line in text.splitlines()[1:]:
         f = line.split()
         if len(f) < 10 or not f[9].isdigit():
@@ -128,7 +130,9 @@ def parse_net_tcp(text: str, proto: str = "tcp") -> dict[int, dict[str, Any]]:
     return out
 
 
-def _sockets(pid: int, proc: str, tables: dict[str, dict[int, dict[str, Any]]]) -> list[Any]:
+def _sockets(
+    pid: int, proc: str, tables: dict[str, dict[int, dict[str, str]]]
+) -> list[dict[str, str]]:
     inodes: list[int] = []
     try:
         fds = os.listdir(f"{proc}/{pid}/fd")
@@ -142,7 +146,7 @@ def _sockets(pid: int, proc: str, tables: dict[str, dict[int, dict[str, Any]]]) 
     # /proc/PID/net/* is the process's network namespace; read once per namespace.
     ns = _ns(pid, proc)
     if ns not in tables:
-        table: dict[int, dict[str, Any]] = {}
+        table: dict[int, dict[str, str]] = {}
         for proto in ("tcp", "tcp6"):
             table.update(parse_net_tcp(_read(f"{proc}/{pid}/net/{proto}") or "", proto))
         tables[ns] = table
@@ -204,7 +208,10 @@ def _py_spy(exe: str | None, pid: int, timeout: float) -> tuple[list[Any] | None
 
 
 def _process(
-    pid: int, proc: str, redact: Callable[[list[str]], list[str]], tables: dict[str, Any]
+    pid: int,
+    proc: str,
+    redact: Callable[[list[str]], list[str]],
+    tables: dict[str, dict[int, dict[str, str]]],
 ) -> dict[str, Any] | None:
     parsed = _stat_fields(_read(f"{proc}/{pid}/stat"))
     if parsed is None:
@@ -233,16 +240,16 @@ def take_snapshot(
     *,
     seq: int,
     reason: str,
-    context: Mapping[str, Any] | None = None,
+    context: Mapping[str, JSONValue] | None = None,
     redact_argv: Callable[[list[str]], list[str]] = list,
-    nvml: Any = None,
+    nvml: object = None,
     proc: str = "/proc",
     stack_timeout: float = 8.0,
     py_spy: str | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """A ``stalls/snapshot-<seq>.json`` document for ``root_pid``'s tree (its group too)."""
     t0 = time.monotonic()
-    tables: dict[str, Any] = {}
+    tables: dict[str, dict[int, dict[str, str]]] = {}
     procs = [
         p
         for pid in process_tree(root_pid, proc)
@@ -266,33 +273,34 @@ def take_snapshot(
         "root_pid": root_pid,
         "seconds": round(time.monotonic() - t0, 3),
         "stack_tool": {"name": "py-spy", "path": exe},
-        "processes": procs,
+        "processes": [*procs],
         "gpu": gpu_state(nvml),
         "unchanged": None,
     }
 
 
-def gpu_state(nvml: Any = None) -> dict[str, Any]:
+def gpu_state(nvml: object = None) -> JSONObject:
     """Per-GPU utilisation, memory and processes from NVML, or why not."""
     try:
         if nvml is None:
             import pynvml as nvml_mod
 
             nvml = nvml_mod
-        nvml.nvmlInit()
+        lib: Any = nvml  # pynvml or a test double with its function names
+        lib.nvmlInit()
     except Exception as exc:
         return {"available": False, "reason": f"NVML unavailable: {type(exc).__name__}: {exc}"}
     devices: list[dict[str, Any]] = []
     try:
-        for i in range(nvml.nvmlDeviceGetCount()):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
+        for i in range(lib.nvmlDeviceGetCount()):
+            h = lib.nvmlDeviceGetHandleByIndex(i)
             dev: dict[str, Any] = {"index": i}
             for key, fn in (
-                ("utilization_gpu", lambda h=h: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
-                ("memory_used_bytes", lambda h=h: nvml.nvmlDeviceGetMemoryInfo(h).used),
+                ("utilization_gpu", lambda h=h: lib.nvmlDeviceGetUtilizationRates(h).gpu),
+                ("memory_used_bytes", lambda h=h: lib.nvmlDeviceGetMemoryInfo(h).used),
                 (
                     "processes",
-                    lambda h=h: [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)],
+                    lambda h=h: [p.pid for p in lib.nvmlDeviceGetComputeRunningProcesses(h)],
                 ),
             ):
                 try:
@@ -305,8 +313,8 @@ def gpu_state(nvml: Any = None) -> dict[str, Any]:
         return {"available": False, "reason": f"NVML query failed: {type(exc).__name__}: {exc}"}
     finally:
         with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
-    return {"available": True, "reason": None, "devices": devices}
+            lib.nvmlShutdown()
+    return {"available": True, "reason": None, "devices": [*devices]}
 
 
 def _stack_key(p: Mapping[str, Any]) -> list[Any] | None:
@@ -321,43 +329,50 @@ def _stack_key(p: Mapping[str, Any]) -> list[Any] | None:
     )
 
 
-def compare(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
+def _by_pid(doc: Mapping[str, JSONValue]) -> dict[int, JSONObject]:
+    procs = json_objects(doc.get("processes"))
+    return {pid: p for p in procs if (pid := json_int(p.get("pid"))) is not None}
+
+
+def _thread_states(p: JSONObject) -> list[tuple[JSONValue, JSONValue, JSONValue]]:
+    return [(t.get("tid"), t.get("state"), t.get("wchan")) for t in json_objects(p.get("threads"))]
+
+
+def compare(first: Mapping[str, JSONValue], second: Mapping[str, JSONValue]) -> JSONObject:
     """What did not change between two snapshots (set as ``second["unchanged"]``)."""
-    before = {p["pid"]: p for p in first.get("processes") or []}
-    same_stacks: list[int] = []
-    same_wchan: list[int] = []
-    same_sockets: list[int] = []
-    for p in second.get("processes") or []:
-        old = before.get(p["pid"])
+    before, after = _by_pid(first), _by_pid(second)
+    same_stacks: list[JSONValue] = []
+    same_wchan: list[JSONValue] = []
+    same_sockets: list[JSONValue] = []
+    for pid, p in after.items():
+        old = before.get(pid)
         if old is None:
             continue
         k = _stack_key(p)
         if k is not None and k == _stack_key(old):
-            same_stacks.append(p["pid"])
-        w_new = [(t["tid"], t["state"], t["wchan"]) for t in p.get("threads") or []]
-        w_old = [(t["tid"], t["state"], t["wchan"]) for t in old.get("threads") or []]
-        if w_new == w_old:
-            same_wchan.append(p["pid"])
+            same_stacks.append(pid)
+        if _thread_states(p) == _thread_states(old):
+            same_wchan.append(pid)
         if p.get("sockets") == old.get("sockets"):
-            same_sockets.append(p["pid"])
+            same_sockets.append(pid)
     return {
         "compared_with_seq": first.get("seq"),
         "pids_same_stacks": same_stacks,
         "pids_same_thread_states": same_wchan,
         "pids_same_sockets": same_sockets,
-        "pids_gone": sorted(set(before) - {p["pid"] for p in second.get("processes") or []}),
+        "pids_gone": [*sorted(set(before) - set(after))],
     }
 
 
-def dump_text(doc: Mapping[str, Any]) -> Sequence[str]:
+def dump_text(doc: Mapping[str, JSONValue]) -> Sequence[str]:
     """A few lines for capture's own messages: who waits where."""
     lines = []
-    for p in doc.get("processes") or []:
+    for p in json_objects(doc.get("processes")):
         frames = []
-        for t in p.get("stacks") or []:
-            if t.get("frames"):
-                f = t["frames"][0]
-                frames.append(f"{t.get('name')}: {f.get('function')}")
+        for t in json_objects(p.get("stacks")):
+            top = json_objects(t.get("frames"))[:1]
+            if top:
+                frames.append(f"{t.get('name')}: {top[0].get('function')}")
         what = "; ".join(frames[:2]) or f"no Python stacks ({p.get('stacks_error')})"
-        lines.append(f"pid {p['pid']} {p['name']} [{p.get('state')}] {what}")
+        lines.append(f"pid {p.get('pid')} {p.get('name')} [{p.get('state')}] {what}")
     return lines

@@ -25,10 +25,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from kk3evidence.analysis.progress import MilestoneWatcher
 from kk3evidence.capture import snapshot as snap
@@ -374,21 +374,75 @@ def prepare_watchdog() -> MilestoneWatcher:
     return MilestoneWatcher()
 
 
+class _Ready(Protocol):
+    @property
+    def ready(self) -> bool: ...
+
+
+class _StallOptions(Protocol):
+    @property
+    def stall(self) -> StallPolicy: ...
+
+
+class _JsonWriter(Protocol):
+    def write_json(self, member: str, obj: object) -> None: ...
+
+
+class _ArgvRedactor(Protocol):
+    def argv(self, argv: Sequence[str]) -> list[str]: ...
+
+
+class WatchedRun(Protocol):
+    """What the watchdog uses of a capture in progress (capture.run's ``_Run``)."""
+
+    @property
+    def opts(self) -> _StallOptions: ...
+    @property
+    def target(self) -> object: ...
+    @property
+    def readiness(self) -> _Ready | None: ...
+    @property
+    def pgid(self) -> int | None: ...
+    @property
+    def child_exited(self) -> threading.Event: ...
+    @property
+    def problems(self) -> list[str]: ...
+    @property
+    def stall_docs(self) -> list[JSONObject]: ...
+    @property
+    def writer(self) -> _JsonWriter: ...
+    @property
+    def redactor(self) -> _ArgvRedactor: ...
+    @property
+    def say(self) -> Callable[[str], None]: ...
+
+
+class WatchedPump(Protocol):
+    """What the watchdog reads of capture's output pump: bytes seen per stream."""
+
+    @property
+    def bytes_seen(self) -> list[int]: ...
+
+
+_R = TypeVar("_R", bound=WatchedRun)
+
+
 def start_watchdog(
-    run: Any,
-    pump: Any,
+    run: _R,
+    pump: WatchedPump,
     *,
     milestones: MilestoneWatcher | None = None,
     log_path: str,
     progress: Callable[[str], None] | None,
-    nvml: Any,
-    stop_run: Callable[[Any, str], None],
+    nvml: object,
+    stop_run: Callable[[_R, str], None],
 ) -> Watchdog | None:
-    """Start the watchdog for one capture (``run`` is capture's ``_Run``); ``None`` when the
-    policy turns it off and there is no progress line to draw."""
+    """Start the watchdog for one capture; ``None`` when the policy turns it off and there is
+    no progress line to draw (or CMD has no process group to watch)."""
     policy: StallPolicy = run.opts.stall
     off = policy.stall_after <= 0 and not policy.per_stage and not policy.ready_timeout
-    if off and progress is None:
+    root = run.pgid
+    if (off and progress is None) or root is None:
         return None
     if run.target is None and policy.ready_timeout:
         run.say("--ready-timeout needs an HTTP server to poll; it is ignored for this command")
@@ -410,7 +464,7 @@ def start_watchdog(
         policy,
         log_path=log_path,
         bytes_seen=lambda: int(sum(pump.bytes_seen)),
-        root_pid=run.pgid,
+        root_pid=root,
         ready=ready,
         alive=lambda: not run.child_exited.is_set(),
         save=save,
