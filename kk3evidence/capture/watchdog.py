@@ -152,12 +152,12 @@ class Watchdog:
         root_pid: int,
         ready: Callable[[], bool],
         alive: Callable[[], bool],
-        save: Callable[[str, dict[str, Any]], None],
+        save: Callable[[str, JSONObject], None],
         stop: Callable[[str], None],
         say: Callable[[str], None],
         progress: Callable[[str], None] | None = None,
         redact_argv: Callable[[list[str]], list[str]] = list,
-        nvml: Any = None,
+        nvml: object = None,
         clock: Callable[[], float] = time.monotonic,
         milestones: MilestoneWatcher | None = None,
     ) -> None:
@@ -452,7 +452,7 @@ def start_watchdog(
         rd = run.readiness
         return rd is not None and bool(rd.ready)
 
-    def save(member: str, doc: dict[str, Any]) -> None:
+    def save(member: str, doc: JSONObject) -> None:
         try:
             run.writer.write_json(member, doc)
         except Exception as exc:  # recorded, never fatal
