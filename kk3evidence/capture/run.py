@@ -235,6 +235,7 @@ class _Anchors:
             single=[True] * (len(anchors) + len(known)),
             caseless=[True] * len(anchors) + [False] * len(known),
         )
+        self._scanner.engine  # noqa: B018 - compiled now, not on the first log block
 
     def __call__(self, block: bytes | memoryview) -> list[int]:
         return [end - 1 for end, _id in self._scanner.hits(block)]
