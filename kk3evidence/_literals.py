@@ -56,10 +56,12 @@ class LiteralScanner:
         self._engine = ""
         self.exact_ids = True
         self._always = tuple(i for i, a in enumerate(self.literal_bytes) if not a)
+        self._searchable = len(self._always) < n  # any literal that is not ""
         self._hs_db: Any = None
         self._hs_scratch: Any = None
         self._hs_tail: Any = None
         self._hs_tail_scratch: Any = None
+        self._tail_done = False
         self._re2: Any = None
         self._re2_ids: dict[bytes, int] = {}
         self._re2_nocase: dict[bytes, int] = {}
@@ -77,7 +79,7 @@ class LiteralScanner:
 
     def _compile(self) -> None:
         want = self._want
-        searchable = len(self._always) < len(self.literal_bytes)
+        searchable = self._searchable
         if want in (None, "hyperscan") and searchable:
             try:
                 self._hyperscan()
@@ -117,22 +119,38 @@ class LiteralScanner:
             flags=[flags(i, self.single[i]) for i in ids],
             literal=True,
         )
+        # The database's own scratch serves this scanner (passing one costs 0.2 us a call, a
+        # third of a short line's scan); clones get their own.
         self._hs_db = db
-        self._hs_scratch = hyperscan.Scratch(db)
-        singles = [i for i in ids if self.single[i]]
-        if singles:
-            # The single literals again without single-match: finds their last occurrence
-            # by scanning windows from the end of a block (last_offsets).
-            tail = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            tail.compile(
-                expressions=[self.literal_bytes[i] for i in singles],
-                ids=singles,
-                elements=len(singles),
-                flags=[flags(i, False) for i in singles],
-                literal=True,
-            )
-            self._hs_tail = tail
-            self._hs_tail_scratch = hyperscan.Scratch(tail)
+
+    def _tail(self) -> None:
+        """With Hyperscan: the single literals again without single-match, compiled on first
+        need (capture never needs it): finds their last occurrence by scanning windows from
+        the end of a block (:meth:`last_offsets`)."""
+        if self._tail_done:
+            return
+        self._tail_done = True
+        singles = [i for i, a in enumerate(self.literal_bytes) if a and self.single[i]]
+        if self.engine != "hyperscan" or not singles:
+            return
+        import hyperscan
+
+        nocase = hyperscan.HS_FLAG_CASELESS
+        tail = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        tail.compile(
+            expressions=[self.literal_bytes[i] for i in singles],
+            ids=singles,
+            elements=len(singles),
+            flags=[nocase if self.caseless[i] else 0 for i in singles],
+            literal=True,
+        )
+        self._hs_tail = tail
+
+    def prepare(self) -> LiteralScanner:
+        """Compile everything now (the engine of :meth:`hits` and what :meth:`last_offsets`
+        uses), not on first use: for a scanner built once and used (or cloned) many times."""
+        self._tail()
+        return self
 
     def _re2_build(self) -> None:
         import re2
@@ -168,7 +186,7 @@ class LiteralScanner:
     def clone(self) -> LiteralScanner:
         """The same compiled literals with scratch space of its own: a Hyperscan scratch serves
         one scan at a time; the databases and automata are read-only and shared."""
-        self.engine  # noqa: B018 - compiled before copying, so the twin shares it
+        self.prepare()  # compiled before copying, so the twin shares it
         twin = copy.copy(self)
         if self._hs_db is not None:
             import hyperscan
@@ -184,10 +202,24 @@ class LiteralScanner:
         ``block``, end exclusive), ascending by end offset; ``single`` literals once (their
         first). Overlapping occurrences count, except with re2 (see ``exact_ids``). Nothing is
         copied for Hyperscan. Empty literals are never reported here."""
-        hi = len(block) if hi is None else hi
-        engine = self.engine
-        if not self.literals or hi <= lo or len(self._always) == len(self.literals):
+        if hi is None and lo == 0 and self._engine == "hyperscan":
+            # The whole buffer (capture's blocks and lines): no view, no further call.
+            hits: list[tuple[int, int]] = []
+            append = hits.append
+
+            def on_end(aid: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
+                append((end, aid))
+
+            if self._hs_scratch is None:
+                self._hs_db.scan(block, match_event_handler=on_end)
+            else:
+                self._hs_db.scan(block, match_event_handler=on_end, scratch=self._hs_scratch)
+            return hits
+        n = len(block)
+        hi = n if hi is None else hi
+        if hi <= lo or not self._searchable:
             return []
+        engine = self._engine or self.engine
         if engine == "hyperscan":
             return self._hits_hyperscan(block, lo, hi)
         if engine == "re2":
@@ -203,7 +235,10 @@ class LiteralScanner:
 
         view = memoryview(block)[lo:hi]
         try:
-            self._hs_db.scan(view, match_event_handler=on_match, scratch=self._hs_scratch)
+            if self._hs_scratch is None:
+                self._hs_db.scan(view, match_event_handler=on_match)
+            else:
+                self._hs_db.scan(view, match_event_handler=on_match, scratch=self._hs_scratch)
         finally:
             view.release()
         return hits
@@ -253,8 +288,12 @@ class LiteralScanner:
         """Ids of the literals occurring in one short ``text`` (a ``str`` is searched for the
         literals as given, a buffer for their UTF-8 bytes), in order of the occurrences' ends,
         repeated per occurrence. Empty literals are left out."""
-        kind, hay = _hay(text)
-        exact, folded = self._automata(kind)
+        # Inlined, as in ids() and any(): the redactor calls these for every line it sees.
+        if isinstance(text, str):
+            kind, hay = "s", text
+        else:
+            kind, hay = "b", str(text, "latin-1")
+        exact, folded = self._ac.get(kind) or self._automata(kind)
         out: list[int] = []
         if exact is not None:
             for _end, aids in exact.iter(hay):
@@ -286,8 +325,11 @@ class LiteralScanner:
         """Whether any literal occurs in ``text`` (stops at the first)."""
         if self._always:
             return True
-        kind, hay = _hay(text)
-        exact, folded = self._automata(kind)
+        if isinstance(text, str):
+            kind, hay = "s", text
+        else:
+            kind, hay = "b", str(text, "latin-1")
+        exact, folded = self._ac.get(kind) or self._automata(kind)
         if exact is not None:
             for _ in exact.iter(hay):
                 return True
@@ -303,7 +345,7 @@ class LiteralScanner:
         literal (-1 when absent)."""
         n = len(block) if end is None else end
         wanted = set(literal_ids)
-        self.engine  # noqa: B018 - compiles the tail database when Hyperscan is the engine
+        self._tail()
         if self._hs_tail is None or not wanted:
             return {aid: self._rfind(block, aid, lo, n) for aid in wanted}
         out: dict[int, int] = {}
@@ -343,16 +385,15 @@ class LiteralScanner:
 
         view = memoryview(block)[w_lo:stop]
         try:
-            self._hs_tail.scan(view, match_event_handler=on_match, scratch=self._hs_tail_scratch)
+            if self._hs_tail_scratch is None:
+                self._hs_tail.scan(view, match_event_handler=on_match)
+            else:
+                self._hs_tail.scan(
+                    view, match_event_handler=on_match, scratch=self._hs_tail_scratch
+                )
         finally:
             view.release()
         return found
-
-
-def _hay(text: str | Buffer) -> tuple[str, str]:
-    if isinstance(text, str):
-        return "s", text
-    return "b", str(text, "latin-1")
 
 
 def _automaton(words: Sequence[tuple[str, int]]) -> Any:

@@ -27,7 +27,7 @@ class Prefilter(LiteralScanner):
         )
         self.anchors = tuple(anchors)
         self.anchor_bytes = self.literal_bytes
-        self.engine  # noqa: B018 - compiled now, with the rules, not on the first block
+        self.prepare()  # compiled now, with the rules, not on the first block
 
     def clone(self) -> Prefilter:
         twin = super().clone()

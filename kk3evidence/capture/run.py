@@ -223,22 +223,18 @@ def _pattern_anchors() -> tuple[bytes, ...]:
     return tuple(sorted(set(Redactor.anchors) | set(_REDACT_ANCHORS)))
 
 
-class _Anchors:
-    """Offsets where any anchor (case-insensitive) or known secret (exact) occurs in a block:
-    the last byte of the first occurrence of each (``LiteralScanner``: Hyperscan, about
-    3 GB/s, when it is installed)."""
-
-    def __init__(self, known: Sequence[bytes]) -> None:
-        anchors = _pattern_anchors()
-        self._scanner = LiteralScanner(
-            anchors + tuple(known),
-            single=[True] * (len(anchors) + len(known)),
-            caseless=[True] * len(anchors) + [False] * len(known),
-        )
-        self._scanner.engine  # noqa: B018 - compiled now, not on the first log block
-
-    def __call__(self, block: bytes | memoryview) -> list[int]:
-        return [end - 1 for end, _id in self._scanner.hits(block)]
+def _anchor_scan(known: Sequence[bytes]) -> Callable[[bytes | memoryview], list[tuple[int, int]]]:
+    """Where any anchor (any case) or known secret (exact) occurs in a buffer: ``(end offset,
+    id)`` of the first occurrence of each (``LiteralScanner.hits``: Hyperscan, about 3 GB/s,
+    when it is installed). The bound method itself: it runs on every line near a hit."""
+    anchors = _pattern_anchors()
+    scanner = LiteralScanner(
+        anchors + tuple(known),
+        single=[True] * (len(anchors) + len(known)),
+        caseless=[True] * len(anchors) + [False] * len(known),
+    )
+    scanner.engine  # noqa: B018 - compiled now, not on the first log block
+    return scanner.hits
 
 
 class LogRedactor:
@@ -257,10 +253,10 @@ class LogRedactor:
         self._learned = -1
         self._anchors = self._build()
 
-    def _build(self) -> _Anchors:
+    def _build(self) -> Callable[[bytes | memoryview], list[tuple[int, int]]]:
         values = set(self._extra) | set(self._redactor.known_values())
         self._learned = self._redactor.learned
-        return _Anchors(tuple(sorted(v for v in values if len(v) >= 6)))
+        return _anchor_scan(tuple(sorted(v for v in values if len(v) >= 6)))
 
     def safe_cut(self, data: bytes) -> int:
         """Where a long unfinished line may be cut without cutting a secret (pump.py)."""
@@ -272,7 +268,7 @@ class LogRedactor:
         if not hits and not in_block:
             return data
         block = bytes(data)
-        first = 0 if in_block else block.rfind(b"\n", 0, min(hits)) + 1
+        first = 0 if in_block else block.rfind(b"\n", 0, min(hits)[0] - 1) + 1
         if not in_block:
             # Known secrets first, over the whole block at C speed (a flood of lines carrying
             # one keeps up); only lines with an anchor outside a placeholder go on.

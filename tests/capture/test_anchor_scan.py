@@ -1,13 +1,13 @@
-"""Capture's redaction pre-filter (run._Anchors) on the one literal scanner: it reports, for
-each anchor (any case) and each known secret (exact) found in a block, the last byte of its
-first occurrence: what LogRedactor needs to find the first line that may hold a secret."""
+"""Capture's redaction pre-filter (run._anchor_scan) on the one literal scanner: it reports,
+for each anchor (any case) and each known secret (exact) found in a block, the end of its first
+occurrence: what LogRedactor needs to find the first line that may hold a secret."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kk3evidence.capture.run import _Anchors, _pattern_anchors
+from kk3evidence.capture.run import _anchor_scan, _pattern_anchors
 
 _PIECES = st.sampled_from(
     [
@@ -34,7 +34,7 @@ def _naive(block: bytes, known: list[bytes]) -> list[int]:
         for needle in needles:
             pos = hay.find(needle)
             if pos >= 0:
-                out.append(pos + len(needle) - 1)
+                out.append(pos + len(needle))
     return sorted(out)
 
 
@@ -42,6 +42,6 @@ def _naive(block: bytes, known: list[bytes]) -> list[int]:
 @given(_BLOCK, st.lists(st.sampled_from([b"s3cr3tvalue", b"S3CR3TVALUE", b"x\nx x\n"]), max_size=2))
 def test_anchor_hits_equal_a_naive_find(block: bytes, known: list[bytes]) -> None:
     known = sorted(set(known))
-    anchors = _Anchors(known)
-    assert sorted(anchors(block)) == _naive(block, known)
-    assert sorted(anchors(memoryview(block))) == _naive(block, known)
+    scan = _anchor_scan(known)
+    assert sorted(end for end, _id in scan(block)) == _naive(block, known)
+    assert sorted(end for end, _id in scan(memoryview(block))) == _naive(block, known)
