@@ -57,6 +57,14 @@ class LiteralScanner:
         self.exact_ids = True
         self._always = tuple(i for i, a in enumerate(self.literal_bytes) if not a)
         self._searchable = len(self._always) < n  # any literal that is not ""
+        # Equal literals share one Aho-Corasick key, whose value is the first one's id (an int:
+        # a comprehension over the matches stays flat): the others are added from here.
+        groups: dict[tuple[bool, bytes], list[int]] = {}
+        for i, a in enumerate(self.literal_bytes):
+            if a:
+                key = (self.caseless[i], a.lower() if self.caseless[i] else a)
+                groups.setdefault(key, []).append(i)
+        self._twins = {g[0]: tuple(g) for g in groups.values() if len(g) > 1}
         self._hs_db: Any = None
         self._hs_scratch: Any = None
         self._hs_tail: Any = None
@@ -268,8 +276,8 @@ class LiteralScanner:
         for ac, hay in ((exact, text), (folded, text.translate(_ASCII_LOWER) if folded else "")):
             if ac is None:
                 continue
-            for end, aids in ac.iter(hay):
-                hits.extend((lo + end + 1, aid) for aid in aids)
+            for end, aid in ac.iter(hay):
+                hits.extend((lo + end + 1, a) for a in self._twins.get(aid, (aid,)))
         if folded is not None and exact is not None:
             hits.sort(key=lambda h: h[0])  # stable: each automaton's order kept per offset
         if not any(self.single):
@@ -286,21 +294,21 @@ class LiteralScanner:
 
     def matches(self, text: str | Buffer) -> list[int]:
         """Ids of the literals occurring in one short ``text`` (a ``str`` is searched for the
-        literals as given, a buffer for their UTF-8 bytes), in order of the occurrences' ends,
-        repeated per occurrence. Empty literals are left out."""
+        literals as given, a buffer for their UTF-8 bytes), one per occurrence, in order of the
+        occurrences' ends (the case-sensitive literals' occurrences, then the caseless ones').
+        Empty literals are left out."""
         # Inlined, as in ids() and any(): the redactor calls these for every line it sees.
         if isinstance(text, str):
             kind, hay = "s", text
         else:
             kind, hay = "b", str(text, "latin-1")
         exact, folded = self._ac.get(kind) or self._automata(kind)
-        out: list[int] = []
-        if exact is not None:
-            for _end, aids in exact.iter(hay):
-                out.extend(aids)
+        out = [] if exact is None else [aid for _end, aid in exact.iter(hay)]
         if folded is not None:
-            for _end, aids in folded.iter(hay.translate(_ASCII_LOWER)):
-                out.extend(aids)
+            out += [aid for _end, aid in folded.iter(hay.translate(_ASCII_LOWER))]
+        if self._twins:
+            twins = self._twins
+            return [a for aid in out for a in twins.get(aid, (aid,))]
         return out
 
     def ids(self, text: str | Buffer) -> list[int]:
@@ -313,12 +321,15 @@ class LiteralScanner:
             kind, hay = "b", str(text, "latin-1")
         exact, folded = self._ac.get(kind) or self._automata(kind)
         found = set(self._always)
+        add = found.add
         if exact is not None:
-            for _end, aids in exact.iter(hay):
-                found.update(aids)
+            for _end, aid in exact.iter(hay):
+                add(aid)
         if folded is not None:
-            for _end, aids in folded.iter(hay.translate(_ASCII_LOWER)):
-                found.update(aids)
+            for _end, aid in folded.iter(hay.translate(_ASCII_LOWER)):
+                add(aid)
+        if self._twins:
+            found.update([a for aid in found for a in self._twins.get(aid, ())])
         return sorted(found)
 
     def any(self, text: str | Buffer) -> bool:
@@ -397,13 +408,14 @@ class LiteralScanner:
 
 
 def _automaton(words: Sequence[tuple[str, int]]) -> Any:
-    """An Aho-Corasick automaton whose value for each key is the tuple of its literal ids."""
+    """An Aho-Corasick automaton whose value for each key is its first literal's id."""
     if not words:
         return None
     import ahocorasick
 
     ac = ahocorasick.Automaton()
     for key, i in words:
-        ac.add_word(key, (*ac.get(key, ()), i))
+        if key not in ac:
+            ac.add_word(key, i)
     ac.make_automaton()
     return ac

@@ -296,11 +296,13 @@ ANCHORS: tuple[bytes, ...] = tuple(sorted({a for p in _PATTERNS for a in p.ancho
 
 #: one scan finds every anchor of a line (``low`` is lower-cased already)
 _SCANNER = LiteralScanner(ANCHORS)
+#: each pattern's anchors as ids of ``_SCANNER`` (indexes in ANCHORS)
+_ANCHOR_IDS = tuple(frozenset(ANCHORS.index(a) for a in p.anchors) for p in _PATTERNS)
 
 
-def _present_anchors(low: bytes) -> set[bytes]:
-    """The anchors found in ``low``, in one C pass (not one ``in`` per anchor)."""
-    return {ANCHORS[i] for i in _SCANNER.matches(low)}
+def _present_anchors(low: bytes) -> set[int]:
+    """The ids of the anchors found in ``low``, in one C pass (not one ``in`` per anchor)."""
+    return set(_SCANNER.matches(low))
 
 
 #: a placeholder this module wrote (its label may contain an anchor such as ``hf_``)
@@ -612,8 +614,9 @@ class Redactor:
         if known is not None and any(v in data for v in self._known):
             spans.extend(m.span() for m in known.finditer(data))
         low = data.lower()
-        for pat in _PATTERNS:
-            if any(a in low for a in pat.anchors):
+        present = _present_anchors(low)
+        for pat, ids in zip(_PATTERNS, _ANCHOR_IDS, strict=True):
+            if not present.isdisjoint(ids):
                 spans.extend(m.span() for m in pat.regex.finditer(low if pat.on_lower else data))
         return spans
 
@@ -682,7 +685,7 @@ class Redactor:
         spans = self._pem_spans(body, low)  # start, end, priority, kind
         present = _present_anchors(low)
         for prio, pat in enumerate(_PATTERNS):
-            if present.isdisjoint(pat.anchors):
+            if present.isdisjoint(_ANCHOR_IDS[prio]):
                 continue
             for m in pat.regex.finditer(low if pat.on_lower else body):
                 if pat.boundary and m.start() > 0 and body[m.start() - 1 : m.start()].isalnum():
