@@ -9,11 +9,11 @@ capture's redaction pre-filter (log blocks, plus the secrets already known).
 Engines, fastest first (bench/README.md): Hyperscan (every match, overlapping, per-literal
 single-match), google-re2 (one alternation in its UTF-8 mode, so literals must be valid UTF-8;
 leftmost non-overlapping matches, so ``exact_ids`` is false and a caller recounts a candidate
-line with :meth:`LiteralScanner.matches`), then
-pyahocorasick (always available; byte buffers are decoded as latin-1, which maps bytes 1:1).
-:meth:`hits` uses the first that builds; :meth:`ids`, :meth:`matches` and :meth:`any` (short
-texts, where a Python call per match costs less than a Hyperscan scan's set-up) always use
-Aho-Corasick. Everything is built lazily, on first use.
+line with :meth:`LiteralScanner.matches`), then pyahocorasick (always available; byte buffers
+are decoded as latin-1, which maps bytes 1:1). :meth:`hits` uses the first that builds;
+:meth:`ids`, :meth:`matches` and :meth:`any` (short texts, where a Python call per match costs
+less than a Hyperscan scan's set-up) always use Aho-Corasick. Everything is built on first use
+(:meth:`LiteralScanner.prepare` builds it at once).
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class LiteralScanner:
             raise ValueError("LiteralScanner: single and caseless need one flag per literal")
         self._want = engine
         self._engine = ""
+        # Whether hits() reports every literal of every occurrence: false for re2, known once
+        # the engine is built (an attribute: the analysis engine reads it per line).
         self.exact_ids = True
         self._always = tuple(i for i, a in enumerate(self.literal_bytes) if not a)
         self._searchable = len(self._always) < n  # any literal that is not ""
