@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kk3evidence._literals import LiteralScanner
 from kk3evidence.analysis.grammar import LogLine, parse_line
-from kk3evidence.analysis.prefilter import LiteralSet
 from kk3evidence.analysis.rules import Rule, RuleSet, load_rules
 from kk3evidence.model import Finding
 
@@ -56,14 +56,14 @@ class Classifier:
         self.ruleset = ruleset if ruleset is not None else load_rules()
         self._rank = {r.id: i for i, r in enumerate(self.ruleset.rules)}
         self._anchor_index = {a: i for i, a in enumerate(self.ruleset.anchors)}
-        self._literals: LiteralSet | None = None  # built on first use
+        self._literals: LiteralScanner | None = None  # built on first use
 
     def anchor_ids(self, body: str) -> list[int]:
         """Anchor ids present in ``body`` (the slow, per-line way; the fast path uses
         :class:`~kk3evidence.analysis.prefilter.Prefilter` on whole blocks)."""
         lits = self._literals
         if lits is None:
-            lits = self._literals = LiteralSet(self.ruleset.anchors)
+            lits = self._literals = LiteralScanner(self.ruleset.anchors)
         return lits.ids(body)
 
     def candidates(self, anchor_ids: Iterable[int], line: LogLine) -> list[Rule]:

@@ -40,10 +40,9 @@ import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, overload
+from typing import ClassVar, overload
 
-import ahocorasick
-
+from kk3evidence._literals import LiteralScanner
 from kk3evidence.model import JSONObject, JSONValue
 
 __all__ = [
@@ -295,20 +294,15 @@ _PATTERNS: tuple[_Pattern, ...] = (
 ANCHORS: tuple[bytes, ...] = tuple(sorted({a for p in _PATTERNS for a in p.anchors}))
 
 
-def _anchor_automaton() -> Any:
-    automaton = ahocorasick.Automaton()
-    for anchor in ANCHORS:
-        automaton.add_word(anchor.decode("latin-1"), anchor)
-    automaton.make_automaton()
-    return automaton
+#: one scan finds every anchor of a line (``low`` is lower-cased already)
+_SCANNER = LiteralScanner(ANCHORS)
+#: each pattern's anchors as ids of ``_SCANNER`` (indexes in ANCHORS)
+_ANCHOR_IDS = tuple(frozenset(ANCHORS.index(a) for a in p.anchors) for p in _PATTERNS)
 
 
-_AUTOMATON = _anchor_automaton()
-
-
-def _present_anchors(low: bytes) -> set[bytes]:
-    """The anchors found in ``low``, in one C pass (not one ``in`` per anchor)."""
-    return {value for _, value in _AUTOMATON.iter(low.decode("latin-1"))}
+def _present_anchors(low: bytes) -> set[int]:
+    """The ids of the anchors found in ``low``, in one C pass (not one ``in`` per anchor)."""
+    return set(_SCANNER.matches(low))
 
 
 #: a placeholder this module wrote (its label may contain an anchor such as ``hf_``)
@@ -316,10 +310,7 @@ PLACEHOLDER_RE = re.compile(rb"<redacted:[A-Za-z0-9_.-]{1,48}#[0-9]+(?::[0-9a-f]
 
 
 def _has_anchor(low: bytes) -> bool:
-    # latin-1 maps bytes 1:1 to code points, so the automaton finds byte strings, in C.
-    for _ in _AUTOMATON.iter(low.decode("latin-1")):
-        return True
-    return False
+    return _SCANNER.any(low)
 
 
 _NOT_A_SECRET = re.compile(rb"^(?i:none|null|true|false|\*+|x+|redacted|unset|hidden)$")
@@ -623,8 +614,9 @@ class Redactor:
         if known is not None and any(v in data for v in self._known):
             spans.extend(m.span() for m in known.finditer(data))
         low = data.lower()
-        for pat in _PATTERNS:
-            if any(a in low for a in pat.anchors):
+        present = _present_anchors(low)
+        for pat, ids in zip(_PATTERNS, _ANCHOR_IDS, strict=True):
+            if not present.isdisjoint(ids):
                 spans.extend(m.span() for m in pat.regex.finditer(low if pat.on_lower else data))
         return spans
 
@@ -693,7 +685,7 @@ class Redactor:
         spans = self._pem_spans(body, low)  # start, end, priority, kind
         present = _present_anchors(low)
         for prio, pat in enumerate(_PATTERNS):
-            if present.isdisjoint(pat.anchors):
+            if present.isdisjoint(_ANCHOR_IDS[prio]):
                 continue
             for m in pat.regex.finditer(low if pat.on_lower else body):
                 if pat.boundary and m.start() > 0 and body[m.start() - 1 : m.start()].isalnum():

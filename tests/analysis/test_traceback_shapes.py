@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kk3evidence._literals import LiteralScanner
 from kk3evidence.analysis import engine
 from kk3evidence.analysis.engine import analyze
 from kk3evidence.analysis.grammar import TracebackTracker, parse_line
 from kk3evidence.analysis.hang import HangScan
-from kk3evidence.analysis.prefilter import LiteralSet
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 
@@ -157,7 +157,7 @@ def test_frame_runs_match_line_by_line_on_reindented_tracebacks(
     st.text(alphabet="abé→ \x00", max_size=20),
 )
 def test_literal_set_finds_exactly_the_literals_in_a_line(lits: list[str], text: str) -> None:
-    assert LiteralSet(lits).ids(text) == [i for i, a in enumerate(lits) if a in text]
+    assert LiteralScanner(lits).ids(text) == [i for i, a in enumerate(lits) if a in text]
 
 
 def test_ranks_found_late_in_a_block_get_their_own_line_numbers() -> None:
