@@ -516,7 +516,7 @@ def _failure_stage(
     * After the server answered (health 200, requests served) whatever fails is ``serving``.
     * A context-dependent failure (``rules/stage-hints.toml``) takes the stage its hints point
       at (a serving hint only when no start-up stage is visibly unfinished).
-    * A fallback exception takes the stage in progress.
+    * A fallback exception (or the last resort's error-level line) takes the stage in progress.
     * A failure of a stage-agnostic category (OOM, illegal memory access, other) whose rule
       names a later stage than the one in progress, while that one (with completion
       milestones: weights, engine, API) has started and not completed, belongs to the stage in
@@ -541,7 +541,7 @@ def _failure_stage(
             hinted = None
         if hinted is not None:
             return hinted
-    if (r.fallback and r.scope == "exception") or not r.stage:
+    if (r.fallback and r.scope != "line") or not r.stage:
         return stage_in_progress(no, evidence, default=r.stage)
     seen = [s for s, ev in evidence.items() if ev.first_line < no]
     if not seen:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kk3evidence.analysis.budget import Budget, budgeted, coverage
-from kk3evidence.analysis.causality import HintEvent, StageEvidence, resolve
+from kk3evidence.analysis.causality import HintEvent, Resolution, StageEvidence, resolve
 from kk3evidence.analysis.classify import Classified, Classifier
 from kk3evidence.analysis.engine_config import EngineConfigCollector
 from kk3evidence.analysis.grammar import (
@@ -37,6 +37,7 @@ from kk3evidence.analysis.grammar import (
     parse_line,
 )
 from kk3evidence.analysis.hang import HangScan, StallInputs, apply_hang
+from kk3evidence.analysis.lastresort import ErrorLineCollector, last_resort
 from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, StageHints, load_rules, load_stage_hints
 from kk3evidence.analysis.stall_inputs import bundle_stall_inputs
@@ -227,6 +228,7 @@ class AnalysisEngine:
         self._memo: dict[tuple[object, ...], tuple[Rule, dict[str, str]] | None] = {}
         self._env_memo: dict[bytes, LogLine] = {}
         self._engine_config = EngineConfigCollector()  # what vLLM reports it runs with
+        self._error_lines = ErrorLineCollector()  # the last resort's candidates (lastresort.py)
 
     @property
     def prefilter_engine(self) -> str:
@@ -289,17 +291,19 @@ class AnalysisEngine:
             tail = bytes(self._pending)
             self._pending.clear()
             self._block(tail, 0, len(tail), final=True)
-        res = resolve(
-            self._hits,
-            self._evidence,
-            shutdown_line=self._shutdown_line,
-            ready_line=self._ready_line,
-            completable=self._c.completable,
-            chain_links=self._tracker.chain_links,
-            hints=self._hint_events,
-            policy=self._c.hints,
-            category_hints=self._cat_events,
-        )
+        res = self._resolve()
+        if res.first_failure is None and self._error_lines.lines:
+            # Nothing stated a failure: the first error-level line no rule knew (lastresort.py).
+            hit = last_resort(
+                self._error_lines.lines,
+                self._c.classifier,
+                shutdown_line=self._shutdown_line,
+                parse=self._parse,
+            )
+            if hit is not None and len(self._hits) < MAX_HITS:
+                self._hits.append(hit)
+                self._hits.sort(key=lambda h: h.line.line_no)
+                res = self._resolve()
         ff = res.first_failure
         rule = self._c.ruleset.get(ff.rule) if ff is not None else None
         ctx = self._context.get(ff.line_no) if ff is not None else None
@@ -329,6 +333,19 @@ class AnalysisEngine:
             engine_config=self._engine_config.result(),
         )
 
+    def _resolve(self) -> Resolution:
+        return resolve(
+            self._hits,
+            self._evidence,
+            shutdown_line=self._shutdown_line,
+            ready_line=self._ready_line,
+            completable=self._c.completable,
+            chain_links=self._tracker.chain_links,
+            hints=self._hint_events,
+            policy=self._c.hints,
+            category_hints=self._cat_events,
+        )
+
     # -- the block scan ------------------------------------------------------------------
 
     def _block(self, block: bytes, lo: int = 0, hi: int | None = None, final: bool = False) -> None:
@@ -338,6 +355,7 @@ class AnalysisEngine:
         n = len(block) if hi is None else hi
         self._lo, self._hi = lo, n
         self._engine_config.scan(block, lo, n, base)
+        self._error_lines.scan(block, lo, n, base)
         firsts, others = _split_hits(c.prefilter.scan(block, lo, n), c.single)
         noise_only = c.noise_only
         tracker = self._tracker

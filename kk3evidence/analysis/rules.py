@@ -81,7 +81,9 @@ class Rule:
     # milestone: "complete" (stage done), "ready" (the server answers: complete + serving starts
     # at the next failure), "shutdown" (a stop was requested)
     marks: str | None = None
-    scope: str = "line"  # "line" | "exception" (only traceback exception/detail lines)
+    # "line" | "exception" (only traceback exception/detail lines) | "level" (the last resort:
+    # an error-level line, only when the log states no other failure; analysis.lastresort)
+    scope: str = "line"
     fallback: bool = False  # only when no other rule claims the line
     priority: int = 0
     since: str = "0.1.0"  # the kk3evidence version that added the rule
@@ -110,6 +112,8 @@ class Rule:
 
     def matches(self, line: LogLine) -> dict[str, str] | None:
         if self.scope == "exception" and line.tb_role not in ("exception", "detail"):
+            return None
+        if self.scope == "level" and (line.level is None or line.level not in (self.levels or ())):
             return None
         if line.tb_role in ("frame", "header", "separator"):
             return None
@@ -217,7 +221,7 @@ def _build(rules: list[Rule]) -> RuleSet:
     per_anchor: list[list[Rule]] = []
     anchorless: list[Rule] = []
     for r in ordered:
-        if not r.anchors:
+        if not r.anchors and r.scope == "exception":
             anchorless.append(r)
         for a in r.anchors:
             if a not in anchor_ids:
@@ -275,7 +279,7 @@ def iter_rule_problems(
             yield f"{where}: a {kind} rule needs a category (one of {', '.join(CATEGORIES)})"
         if kind in ("failure", "consequence", "milestone") and not r.get("stage"):
             yield f"{where}: a {kind} rule needs a stage (one of {', '.join(STAGES)})"
-        if not r.get("anchors") and r.get("scope") != "exception":
+        if not r.get("anchors") and r.get("scope") not in ("exception", "level"):
             yield f"{where}: give at least one literal anchor (the fast pre-filter needs it)"
         for a in _as_list(r.get("anchors")):
             if isinstance(a, str) and len(a) < _MIN_ANCHOR:

@@ -1,0 +1,161 @@
+"""The last resort: an ERROR-level line when nothing else in the log states a failure.
+
+Blind sets 5 and 6 (``corpus/HELDOUT5.md``, ``HELDOUT6.md``) had a quarter of their failing
+logs answered "no failure": the line that said what went wrong was an ERROR-level message that
+no rule knew and that is not a Python exception line (``Error in chat_completion_full_generator
+…``, a Ray core worker's ``[… E pid tid] core_worker.cc: …``, Python-logging-format vLLM lines,
+an accelerator runtime's ``[ERROR]`` or ``|CCL_ERROR|`` report). The log itself had flagged the
+line; the analyzer had not looked at it, because no anchor of any rule was in it.
+
+:class:`ErrorLineCollector` runs beside the block scan and keeps the first
+:data:`MAX_LINES` lines that carry an error-level token anywhere (one multi-literal scan over
+the block: nothing is decoded or parsed then). Only when the analysis found no failure at all
+does :func:`last_resort` look at them: the first one whose envelope (or prefix) says ERROR /
+CRITICAL / FATAL, that is not part of a traceback, not noise, not after a requested shutdown,
+is reported through rule ``EXC010`` (``rules/fallback.toml``, evidence 5, the weakest), so it
+gets the stage in progress, the category hints and the ``basis = "fallback"`` of every other
+fallback. A log that flags nothing stays clean, and a log with any stated failure is not
+changed at all.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from kk3evidence._literals import LiteralScanner
+from kk3evidence.analysis.classify import Classified, Classifier
+from kk3evidence.analysis.grammar import LogLine, parse_line
+
+__all__ = ["MAX_LINES", "RULE_ID", "ErrorLineCollector", "is_error_level", "last_resort"]
+
+RULE_ID = "EXC010"
+MAX_LINES = 256  # candidate lines kept (then the collector stops scanning: cost bounded)
+_MAX_KEPT = 8192  # bytes of a candidate line kept
+_WINDOW = 1 << 20  # scanned per call, cut at a newline, so a full collector stops early
+
+#: Literal tokens of error-level lines (a candidate has one somewhere; the level test below
+#: decides whether it is in the line's prefix).
+_TOKENS = (
+    b"ERROR",
+    b"CRITICAL",
+    b"FATAL",
+    b" E ",
+    b"[E",
+    b"\nE0",
+    b"\nE1",
+    b"level=error",
+    b"level=fatal",
+)  # (`\nE0`/`\nE1`: a glog line `E1201 10:00:00 …` that starts a line after the first)
+
+# Error levels the envelope parser does not peel (it knows vLLM's, Python logging's, torchrun's
+# and bracketed `[ERROR]`): Ray core `[date time,ms E pid tid]`, glog/c10d `[E1201 …` or
+# `E1201 10:00:00` (c10d writes the month without a leading zero: `[E822 …`), a level word
+# among the first few fields (`[ts] ERROR …`, `ts ERROR: …`),
+# oneCCL's `|CCL_ERROR|`, logfmt `level=error`.
+_LEVEL_TEXT = re.compile(
+    r"""^(?:
+        \[[^\]\n]{0,48}\s[EF]\s\d+\s\d+\]
+      | (?:\[rank\d+\]:)?\[[EF]\d{3,4}\s
+      | [EF]\d{3,4}\s\d\d:\d\d:\d\d
+      | (?:\S+\s+){0,3}\[?(?:ERROR|CRITICAL|FATAL)\]?(?=[\s:|\-]|$)
+      | .{0,96}?\|(?:[A-Z]+_)?(?:ERROR|FATAL)\|
+      | .{0,96}?\blevel=(?:error|fatal)\b
+    )""",
+    re.X,
+)
+_ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
+# Bodies that belong to a traceback (its header, frames, echoed source, carets, chain notes).
+_TRACEBACK_BODY = (
+    "Traceback (most recent call last)",
+    'File "',
+    "^",
+    "~",
+    "During handling of the above exception",
+    "The above exception was the direct cause",
+    "[repeated",
+)
+
+_SCANNER: list[LiteralScanner] = []
+
+
+def _scanner() -> LiteralScanner:
+    if not _SCANNER:
+        _SCANNER.append(LiteralScanner(_TOKENS).prepare())
+    return _SCANNER[0].clone()
+
+
+def is_error_level(line: LogLine) -> bool:
+    """The line's own level is an error: its envelope says ERROR/CRITICAL, or (no envelope
+    level) its prefix carries an error token (:data:`_LEVEL_TEXT`)."""
+    if line.level is not None:
+        return line.level in _ERROR_LEVELS
+    return _LEVEL_TEXT.match(line.text) is not None
+
+
+class ErrorLineCollector:
+    """The first :data:`MAX_LINES` lines holding an error-level token, as ``(line_no, raw)``."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, bytes]] = []
+        self._scan: LiteralScanner | None = None
+
+    @property
+    def full(self) -> bool:
+        return len(self.lines) >= MAX_LINES
+
+    def scan(self, block: bytes, lo: int, n: int, base: int) -> None:
+        """Look at the whole lines of ``block[lo:n]``; ``base`` lines came before them."""
+        if self.full or n <= lo:
+            return
+        scanner = self._scan
+        if scanner is None:
+            scanner = self._scan = _scanner()
+        counted, line_no, taken = lo, base, lo  # newlines counted up to `counted`
+        w = lo
+        while w < n:
+            hi = n if n - w <= _WINDOW else block.rfind(b"\n", w, w + _WINDOW) + 1
+            if hi <= w:
+                hi = min(n, w + _WINDOW)
+            for end, _aid in scanner.hits(block, w, hi):
+                if end <= taken:
+                    continue  # a second token on a line already taken
+                s = max(lo, block.rfind(b"\n", lo, end) + 1)
+                e = block.find(b"\n", end, n)
+                e = n if e < 0 else e
+                line_no += block.count(b"\n", counted, s)
+                counted = s
+                self.lines.append((line_no + 1, bytes(block[s : min(e, s + _MAX_KEPT)])))
+                taken = e
+                if len(self.lines) >= MAX_LINES:
+                    return
+            w = hi
+
+
+def last_resort(
+    lines: list[tuple[int, bytes]],
+    classifier: Classifier,
+    *,
+    shutdown_line: int | None,
+    parse: Callable[[int, bytes], LogLine] = parse_line,
+) -> Classified | None:
+    """The first candidate that states a failure on its own level (see the module doc)."""
+    rule = classifier.ruleset.get(RULE_ID)
+    if rule is None:  # a rule set without the last resort (a user's own rules)
+        return None
+    for no, raw in lines:
+        if shutdown_line is not None and no > shutdown_line:
+            break
+        line = parse(no, raw)
+        body = line.body
+        if not body.strip() or body[:1].isspace() or body.startswith(_TRACEBACK_BODY):
+            continue
+        if sum(ch.isalpha() for ch in body[:64]) < 3 or not is_error_level(line):
+            continue
+        hit = classifier.classify(line, shutdown_requested=False)
+        if hit is not None:
+            if hit.rule.kind == "failure":
+                return hit
+            continue  # noise, a milestone or a consequence: the rules know it is not a cause
+        return Classified(rule=rule, line=line)
+    return None
