@@ -451,7 +451,8 @@ def _fold_ranks(
 def _context_categories(
     kept: Sequence[Classified], index: HintIndex, policy: StageHints
 ) -> dict[int, str]:
-    """Line -> category for failures whose rule's category the context may replace
+    """Line -> category for failures (and consequences, which stand in for an unstated cause)
+    whose rule's category the context may replace
     (``category_context`` in ``rules/stage-hints.toml``): the failure line's own words first,
     then the frames of its traceback (innermost first), then the nearest hinted line."""
     if not policy.category_context:
@@ -459,7 +460,7 @@ def _context_categories(
     out: dict[int, str] = {}
     for h in kept:
         r = h.rule
-        if r.kind != "failure" or r.category not in policy.category_context:
+        if r.kind not in ("failure", "consequence") or r.category not in policy.category_context:
             continue
         if r.id in policy.fixed_rules:
             continue

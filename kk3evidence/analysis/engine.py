@@ -37,7 +37,7 @@ from kk3evidence.analysis.grammar import (
     parse_line,
 )
 from kk3evidence.analysis.hang import HangScan, StallInputs, apply_hang
-from kk3evidence.analysis.lastresort import ErrorLineCollector, last_resort
+from kk3evidence.analysis.lastresort import ErrorLineCollector, cut_traceback, last_resort
 from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, StageHints, load_rules, load_stage_hints
 from kk3evidence.analysis.stall_inputs import bundle_stall_inputs
@@ -292,14 +292,8 @@ class AnalysisEngine:
             self._pending.clear()
             self._block(tail, 0, len(tail), final=True)
         res = self._resolve()
-        if res.first_failure is None and self._error_lines.lines:
-            # Nothing stated a failure: the first error-level line no rule knew (lastresort.py).
-            hit = last_resort(
-                self._error_lines.lines,
-                self._c.classifier,
-                shutdown_line=self._shutdown_line,
-                parse=self._parse,
-            )
+        if res.first_failure is None:
+            hit = self._last_resort()
             if hit is not None and len(self._hits) < MAX_HITS:
                 self._hits.append(hit)
                 self._hits.sort(key=lambda h: h.line.line_no)
@@ -332,6 +326,30 @@ class AnalysisEngine:
             extra=extra,
             engine_config=self._engine_config.result(),
         )
+
+    def _last_resort(self) -> Classified | None:
+        """Nothing stated a failure (lastresort.py): the earlier of the first error-level line
+        no rule knew and a traceback the log ends in before its exception line."""
+        found = [
+            h
+            for h in (
+                last_resort(
+                    self._error_lines.lines,
+                    self._c.classifier,
+                    shutdown_line=self._shutdown_line,
+                    parse=self._parse,
+                )
+                if self._error_lines.lines
+                else None,
+                cut_traceback(
+                    self._tracker.cut_tracebacks(self.lines),
+                    self._c.classifier,
+                    shutdown_line=self._shutdown_line,
+                ),
+            )
+            if h is not None
+        ]
+        return min(found, key=lambda h: h.line.line_no) if found else None
 
     def _resolve(self) -> Resolution:
         return resolve(

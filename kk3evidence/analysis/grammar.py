@@ -346,6 +346,7 @@ class TracebackState:
     # Indentation of the latest `File "..."` line: an exception-shaped line indented no deeper
     # ends the frames even when a paste indented it (source lines sit deeper than frames).
     frame_indent: int | None = None
+    header: LogLine | None = None  # the chain's first header line, as labelled (cut_tracebacks)
 
 
 @dataclass(slots=True)
@@ -385,6 +386,8 @@ class TracebackTracker:
 
     def feed(self, line: LogLine) -> LogLine:
         out = self._feed(line)
+        if out.tb_role in ("header", "lead") and out.tb_index == 0:
+            self._open[line.key].header = out
         # Whatever state the line touched now lasts at least _LINGER_GLOBAL more lines.
         self._check_at = min(self._check_at, line.line_no + min(_LINGER_GLOBAL, _STALE_LINES))
         return out
@@ -464,6 +467,15 @@ class TracebackTracker:
             return line
         del self._open[key]
         return line
+
+    def cut_tracebacks(self, last_line: int) -> list[LogLine]:
+        """Header lines of tracebacks the log ends in: still reading frames at ``last_line``
+        (within two lines), their exception line never came (a cut log or excerpt)."""
+        return [
+            st.header
+            for st in self._open.values()
+            if st.header is not None and st.phase == "frames" and st.last_seen >= last_line - 2
+        ]
 
     def frames_open(self, key: str | None) -> TracebackState | None:
         """The open traceback of ``key`` while it is reading frames (else ``None``): every

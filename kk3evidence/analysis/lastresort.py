@@ -27,9 +27,18 @@ from kk3evidence._literals import LiteralScanner
 from kk3evidence.analysis.classify import Classified, Classifier
 from kk3evidence.analysis.grammar import LogLine, parse_line
 
-__all__ = ["MAX_LINES", "RULE_ID", "ErrorLineCollector", "is_error_level", "last_resort"]
+__all__ = [
+    "CUT_RULE_ID",
+    "MAX_LINES",
+    "RULE_ID",
+    "ErrorLineCollector",
+    "cut_traceback",
+    "is_error_level",
+    "last_resort",
+]
 
 RULE_ID = "EXC010"
+CUT_RULE_ID = "EXC011"  # a traceback the log ends in, before its exception line
 MAX_LINES = 256  # candidate lines kept (then the collector stops scanning: cost bounded)
 _MAX_KEPT = 8192  # bytes of a candidate line kept
 _WINDOW = 1 << 20  # scanned per call, cut at a newline, so a full collector stops early
@@ -44,26 +53,31 @@ _TOKENS = (
     b"[E",
     b"\nE0",
     b"\nE1",
+    b"\nE2",
+    b"\nF0",
+    b"\nF1",
+    b"\nF2",
     b"level=error",
     b"level=fatal",
-)  # (`\nE0`/`\nE1`: a glog line `E1201 10:00:00 …` that starts a line after the first)
+)  # (`\nE0`…: a glog line `E1201 10:00:00 …` / `E20260608 …` after the first line)
 
 # Error levels the envelope parser does not peel (it knows vLLM's, Python logging's, torchrun's
 # and bracketed `[ERROR]`): Ray core `[date time,ms E pid tid]`, glog/c10d `[E1201 …` or
-# `E1201 10:00:00` (c10d writes the month without a leading zero: `[E822 …`), a level word
-# among the first few fields (`[ts] ERROR …`, `ts ERROR: …`),
-# oneCCL's `|CCL_ERROR|`, logfmt `level=error`.
+# `E1201 10:00:00` (c10d writes the month without a leading zero: `[E822 …`; Ascend's glog
+# the year: `E20260608`), a level word among the first few fields (`[ts] ERROR …`,
+# `ts ERROR: …`), oneCCL's `|CCL_ERROR|`, logfmt `level=error`.
 _LEVEL_TEXT = re.compile(
     r"""^(?:
         \[[^\]\n]{0,48}\s[EF]\s\d+\s\d+\]
-      | (?:\[rank\d+\]:)?\[[EF]\d{3,4}\s
-      | [EF]\d{3,4}\s\d\d:\d\d:\d\d
+      | (?:\[rank\d+\]:)?\[[EF]\d{3,8}\s
+      | [EF]\d{3,8}\s\d\d:\d\d:\d\d
       | (?:\S+\s+){0,3}\[?(?:ERROR|CRITICAL|FATAL)\]?(?=[\s:|\-]|$)
       | .{0,96}?\|(?:[A-Z]+_)?(?:ERROR|FATAL)\|
       | .{0,96}?\blevel=(?:error|fatal)\b
     )""",
     re.X,
 )
+_GLOG_FIRST = re.compile(rb"[EF]\d{3,8}\s")  # a glog error as the log's first line (no "\n")
 _ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
 # Bodies that belong to a traceback (its header, frames, echoed source, carets, chain notes).
 _TRACEBACK_BODY = (
@@ -87,10 +101,13 @@ def _scanner() -> LiteralScanner:
 
 def is_error_level(line: LogLine) -> bool:
     """The line's own level is an error: its envelope says ERROR/CRITICAL, or (no envelope
-    level) its prefix carries an error token (:data:`_LEVEL_TEXT`)."""
+    level) its prefix, or that of its body (after a process prefix such as Ray's
+    `(WorkerDict pid=1)`), carries an error token (:data:`_LEVEL_TEXT`)."""
     if line.level is not None:
         return line.level in _ERROR_LEVELS
-    return _LEVEL_TEXT.match(line.text) is not None
+    return _LEVEL_TEXT.match(line.text) is not None or (
+        line.body is not line.text and _LEVEL_TEXT.match(line.body) is not None
+    )
 
 
 class ErrorLineCollector:
@@ -112,6 +129,10 @@ class ErrorLineCollector:
         if scanner is None:
             scanner = self._scan = _scanner()
         counted, line_no, taken = lo, base, lo  # newlines counted up to `counted`
+        if base == 0 and _GLOG_FIRST.match(block, lo):
+            e = block.find(b"\n", lo, n)
+            taken = n if e < 0 else e
+            self.lines.append((1, bytes(block[lo : min(taken, lo + _MAX_KEPT)])))
         w = lo
         while w < n:
             hi = n if n - w <= _WINDOW else block.rfind(b"\n", w, w + _WINDOW) + 1
@@ -158,4 +179,19 @@ def last_resort(
                 return hit
             continue  # noise, a milestone or a consequence: the rules know it is not a cause
         return Classified(rule=rule, line=line)
+    return None
+
+
+def cut_traceback(
+    headers: list[LogLine], classifier: Classifier, *, shutdown_line: int | None
+) -> Classified | None:
+    """The earliest traceback the log ends in before its exception line came (rule
+    ``EXC011``): the log was cut (a killed capture, a pasted excerpt) while the process was
+    printing why it failed, so the header is the first statement of a failure there is."""
+    rule = classifier.ruleset.get(CUT_RULE_ID)
+    if rule is None:
+        return None
+    for line in sorted(headers, key=lambda ln: ln.line_no):
+        if shutdown_line is None or line.line_no < shutdown_line:
+            return Classified(rule=rule, line=line)
     return None

@@ -21,6 +21,7 @@ from typing import Any
 from kk3evidence import _resources
 from kk3evidence.analysis.grammar import (
     MAX_MATCH_CHARS,
+    TB_HEADER,
     CompiledPattern,
     LogLine,
     compile_pattern,
@@ -82,7 +83,8 @@ class Rule:
     # at the next failure), "shutdown" (a stop was requested)
     marks: str | None = None
     # "line" | "exception" (only traceback exception/detail lines) | "level" (the last resort:
-    # an error-level line, only when the log states no other failure; analysis.lastresort)
+    # an error-level line, only when the log states no other failure; analysis.lastresort) |
+    # "cut" (the last resort too: the header of a traceback the log ends in)
     scope: str = "line"
     fallback: bool = False  # only when no other rule claims the line
     priority: int = 0
@@ -115,6 +117,8 @@ class Rule:
             return None
         if self.scope == "level" and (line.level is None or line.level not in (self.levels or ())):
             return None
+        if self.scope == "cut":
+            return {} if line.body.strip().endswith(TB_HEADER) else None
         if line.tb_role in ("frame", "header", "separator"):
             return None
         if self.levels is not None and line.level is not None and line.level not in self.levels:
@@ -279,7 +283,7 @@ def iter_rule_problems(
             yield f"{where}: a {kind} rule needs a category (one of {', '.join(CATEGORIES)})"
         if kind in ("failure", "consequence", "milestone") and not r.get("stage"):
             yield f"{where}: a {kind} rule needs a stage (one of {', '.join(STAGES)})"
-        if not r.get("anchors") and r.get("scope") not in ("exception", "level"):
+        if not r.get("anchors") and r.get("scope") not in ("exception", "level", "cut"):
             yield f"{where}: give at least one literal anchor (the fast pre-filter needs it)"
         for a in _as_list(r.get("anchors")):
             if isinstance(a, str) and len(a) < _MIN_ANCHOR:

@@ -48,17 +48,34 @@ def test_info_lines_mentioning_error_and_shutdown_errors_stay_clean() -> None:
     assert a.first_failure is None
 
 
-def test_traceback_pieces_alone_are_not_a_last_resort_answer() -> None:
-    log = START + "".join(
-        f"ERROR 05-01 01:51:54 [core.py:1] {body}\n"
-        for body in (
-            "Traceback (most recent call last):",
-            '  File "/v/vllm/engine.py", line 3, in step',
-            "    out = self.model(x)",
-            "          ^^^^^^^^^^^^^",
-        )
+_CUT_TB = "".join(
+    f"ERROR 05-01 01:51:54 [core.py:1] {body}\n"
+    for body in (
+        "Traceback (most recent call last):",
+        '  File "/v/vllm/engine.py", line 3, in step',
+        "    out = self.model(x)",
+        "          ^^^^^^^^^^^^^",
     )
-    assert analyze(log.encode()).first_failure is None
+)
+
+
+def test_a_log_cut_inside_a_traceback_answers_its_header_not_a_piece() -> None:
+    ff = analyze((START + _CUT_TB).encode()).first_failure
+    assert ff is not None
+    assert (ff.line_no, ff.rule, ff.basis) == (5, "EXC011", "fallback")
+    assert ff.stage == "serving"  # the frames' `in step` and the ready milestones agree
+
+
+def test_a_traceback_that_ends_is_not_a_cut_one() -> None:
+    # The log goes on after the frames: the traceback was not cut, so it is not a cut one
+    # (whatever ended it is the classifier's business), and nothing else flags an error.
+    closed = _CUT_TB + "INFO 05-01 01:52:00 [x.py:1] ok\n" * 6
+    assert analyze((START + closed).encode()).first_failure is None
+
+
+def test_an_earlier_error_line_wins_over_a_cut_traceback() -> None:
+    ff = analyze((START + UNKNOWN_ERROR + _CUT_TB).encode()).first_failure
+    assert ff is not None and (ff.line_no, ff.rule) == (5, "EXC010")
 
 
 def test_error_levels_the_envelope_does_not_peel_are_recognised() -> None:
