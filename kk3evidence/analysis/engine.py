@@ -29,6 +29,7 @@ from kk3evidence.analysis.causality import HintEvent, Resolution, StageEvidence,
 from kk3evidence.analysis.classify import Classified, Classifier
 from kk3evidence.analysis.engine_config import EngineConfigCollector
 from kk3evidence.analysis.grammar import (
+    RICH_TB_HEADER,
     TB_HEADER,
     LogLine,
     TracebackState,
@@ -55,7 +56,7 @@ MAX_CONTEXTS = 200  # failure lines whose surrounding lines are kept for the rep
 MAX_KEPT_TEXT = 8192  # characters of a finding's line kept (longer lines are data dumps)
 
 # Not rule anchors: they start traceback tracking (frames of an excerpt may lack the header).
-_STRUCTURAL_ANCHORS = (TB_HEADER, 'File "')
+_STRUCTURAL_ANCHORS = (TB_HEADER, 'File "', RICH_TB_HEADER)
 _BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # A frame run (see AnalysisEngine._frame_run) stops before lines the envelope parser treats
 # specially (ANSI remnants, Ray's repeat suffix) or that open a new traceback.

@@ -318,6 +318,17 @@ def compile_pattern(pattern: str) -> CompiledPattern:
 # --------------------------------------------------------------------------------------------
 
 TB_HEADER = "Traceback (most recent call last):"
+# rich's (and typer's) boxed traceback: `╭──── Traceback (most recent call last) ────╮`, frames in
+# `│ … │` rows, `╰───╯`, then the exception line outside the box.
+RICH_TB_HEADER = "Traceback (most recent call last) ─"
+_RICH_BOX = ("│", "╰")
+
+
+def is_tb_header(stripped: str) -> bool:
+    """A traceback's header: Python's own, or rich's boxed one."""
+    return stripped.endswith(TB_HEADER) or (
+        stripped.startswith("╭") and RICH_TB_HEADER in stripped
+    )
 TB_DIRECT_CAUSE = "The above exception was the direct cause of the following exception:"
 TB_DURING_HANDLING = "During handling of the above exception, another exception occurred:"
 
@@ -399,7 +410,7 @@ class TracebackTracker:
         stripped = body.strip()
         st = self._open.get(key)
 
-        if stripped.endswith(TB_HEADER):
+        if is_tb_header(stripped):
             if st is not None and st.phase == "await_tb":
                 st.index += 1
                 st.phase = "frames"
@@ -417,7 +428,7 @@ class TracebackTracker:
                         del self.chain_links[old]
             # "Exception in worker ...: <error>, Traceback (most recent call last):" (old vLLM)
             # opens a traceback but is itself a message line: role "lead" stays classifiable.
-            role = "header" if stripped == TB_HEADER else "lead"
+            role = "header" if stripped == TB_HEADER or stripped.startswith("╭") else "lead"
             return _with_tb(line, role, st.chain, st.index)
 
         if (st is None or st.phase != "frames") and _FRAME_RE.match(body):
@@ -437,6 +448,8 @@ class TracebackTracker:
         st.last_seen = line.line_no
 
         if st.phase == "frames":
+            if stripped.startswith(_RICH_BOX):  # a row or the bottom of rich's box
+                return _with_tb(line, "frame", st.chain, st.index)
             if _ANY_FRAME_RE.match(body):
                 st.frame_indent = indent_of(body)
                 return _with_tb(line, "frame", st.chain, st.index)

@@ -88,6 +88,9 @@ _TRACEBACK_BODY = (
     "During handling of the above exception",
     "The above exception was the direct cause",
     "[repeated",
+    "╭",
+    "│",
+    "╰",
 )
 
 _SCANNER: list[LiteralScanner] = []

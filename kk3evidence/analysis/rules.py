@@ -21,10 +21,10 @@ from typing import Any
 from kk3evidence import _resources
 from kk3evidence.analysis.grammar import (
     MAX_MATCH_CHARS,
-    TB_HEADER,
     CompiledPattern,
     LogLine,
     compile_pattern,
+    is_tb_header,
     normalize_level,
     parse_line,
 )
@@ -118,7 +118,7 @@ class Rule:
         if self.scope == "level" and (line.level is None or line.level not in (self.levels or ())):
             return None
         if self.scope == "cut":
-            return {} if line.body.strip().endswith(TB_HEADER) else None
+            return {} if is_tb_header(line.body.strip()) else None
         if line.tb_role in ("frame", "header", "separator"):
             return None
         if self.levels is not None and line.level is not None and line.level not in self.levels:

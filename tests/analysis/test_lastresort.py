@@ -155,3 +155,23 @@ def test_a_glog_line_after_the_first_is_collected() -> None:
     )
     ff = analyze(log).first_failure
     assert ff is not None and (ff.line_no, ff.rule) == (2, "EXC010")
+
+
+_RICH_TB = (
+    "INFO 07-19 02:29:31 llm_engine.py:134] # GPU blocks: 915, # CPU blocks: 512\n"
+    "╭──────── Traceback (most recent call last) ────────╮\n"
+    "│ /workdir/vllm/vllm/transformers_utils/tokenizer.py:36 in get_tokenizer │\n"
+    "│   35 │   try:                                                          │\n"
+)
+
+
+def test_a_rich_boxed_traceback_ends_in_its_exception_line() -> None:
+    log = _RICH_TB + "╰───────────────────────────────────────────────────╯\n"
+    log += "RuntimeError: the tokenizer could not be built\n"
+    ff = analyze(log.encode()).first_failure
+    assert ff is not None and (ff.line_no, ff.rule, ff.basis) == (6, "EXC001", "fallback")
+
+
+def test_a_rich_boxed_traceback_cut_in_its_box_answers_its_header() -> None:
+    ff = analyze(_RICH_TB.encode()).first_failure
+    assert ff is not None and (ff.line_no, ff.rule) == (2, "EXC011")
