@@ -69,7 +69,10 @@ _MAX_RUN_PATTERNS = 64
 # `[^\n]*` body is matched several times faster than a class with exclusions.
 _RUN_BODY = rb"(?:[ \t]+(?![ \t|>\"\[(]|(?:DEBUG|INFO|WARN|ERROR|CRITICAL)\b)[^\n]*)?\n"
 _MEMO_SIZE = 4096  # lines remembered per memo (then forgotten all at once: memory flat)
-_MEMO_BODY = 1024  # longer lines: not remembered (envelopes) or remembered by digest (rules)
+# Envelopes and rule answers of lines up to _MEMO_LINE bytes are remembered until the remembered
+# lines hold _MEMO_BYTES (then forgotten all at once): a dense crash repeats its 1-3 KB dump lines.
+_MEMO_LINE = 64 * 1024
+_MEMO_BYTES = 4 * 1024 * 1024
 _MEMO_RUN = 16384  # frame runs longer than this (deep recursion) are not remembered
 _MEMO_RUNS = 256  # frame-run bodies remembered (at most 4 MiB)
 #: the frame-run fast path (tests switch it off to compare with the line-by-line path)
@@ -226,7 +229,9 @@ class AnalysisEngine:
         self._run_stop = -1  # where the last frame run ended (no second try there)
         self._run_res: dict[bytes, re.Pattern[bytes]] = {}
         self._memo: dict[tuple[object, ...], tuple[Rule, dict[str, str]] | None] = {}
+        self._memo_chars = 0  # characters of the bodies in _memo's keys
         self._env_memo: dict[bytes, LogLine] = {}
+        self._env_memo_bytes = 0  # raw bytes of the lines in _env_memo
         self._engine_config = EngineConfigCollector()  # what vLLM reports it runs with
         self._error_lines = ErrorLineCollector()  # the last resort's candidates (lastresort.py)
 
@@ -600,14 +605,16 @@ class AnalysisEngine:
     def _parse(self, line_no: int, raw: bytes) -> LogLine:
         """:func:`parse_line`, memoised on the raw bytes (a dense crash repeats whole lines,
         timestamps included, many times within one second)."""
-        if len(raw) > _MEMO_BODY:
+        if len(raw) > _MEMO_LINE:
             return parse_line(line_no, raw)
         got = self._env_memo.get(raw)
         if got is None:
             got = parse_line(0, raw)
-            if len(self._env_memo) >= _MEMO_SIZE:
+            if len(self._env_memo) >= _MEMO_SIZE or self._env_memo_bytes >= _MEMO_BYTES:
                 self._env_memo.clear()
+                self._env_memo_bytes = 0
             self._env_memo[raw] = got
+            self._env_memo_bytes += len(raw)
         return LogLine(
             line_no,
             got.text,
@@ -626,16 +633,18 @@ class AnalysisEngine:
         print the same messages over and over, and pyparsing is the cost on those lines."""
         down = self._shutdown_line is not None
         body: object = line.body
-        if len(line.body) > _MEMO_BODY:
-            # Long bodies (config and scheduler dumps) are remembered by digest, not by value.
+        if len(line.body) > _MEMO_LINE:
+            # Huge bodies (data dumps) are remembered by digest, not by value.
             body = hashlib.blake2b(line.body.encode("utf-8", "surrogatepass"), digest_size=16)
             body = (len(line.body), body.digest())
         key = (body, line.level, line.tb_role, tuple(ids), down)
         if key not in self._memo:
             hit = self._c.classifier.classify(line, ids, shutdown_requested=down)
-            if len(self._memo) >= _MEMO_SIZE:
+            if len(self._memo) >= _MEMO_SIZE or self._memo_chars >= _MEMO_BYTES:
                 self._memo.clear()
+                self._memo_chars = 0
             self._memo[key] = None if hit is None else (hit.rule, hit.captures)
+            self._memo_chars += min(len(line.body), _MEMO_LINE)
             return hit
         got = self._memo[key]
         if got is None:
