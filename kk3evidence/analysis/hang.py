@@ -203,6 +203,7 @@ class HangScan:
 
     def _block(self, block: bytes) -> None:
         base = self.lines
+        newlines = block.count(b"\n")  # counted once: the watcher and the tail reuse it
         # Ranks first (a rank's milestones in the same block must find it). Newlines are
         # counted from the previous match on, not from the block start (a crash loop has many).
         counted, at = 0, 0
@@ -217,18 +218,18 @@ class HangScan:
             r.milestones.setdefault("comm_group", line.line_no)
             if line.process:
                 self._proc_rank[line.process] = rank
-        for m in self._watch.feed(block, 0.0):
+        for m in self._watch.feed_lines(block, 0.0, newlines=newlines):
             who = m.rank if m.rank is not None else self._proc_rank.get(m.process or "")
             if who is not None and who in self.ranks and m.marks != "shutdown":
                 self.ranks[who].milestones.setdefault(m.stage, m.line_no)
-        self.lines += block.count(b"\n")
-        self._tail_and_gaps(block, base)
+        self.lines += newlines
+        self._tail_and_gaps(block, base, newlines)
 
-    def _tail_and_gaps(self, block: bytes, base: int) -> None:
+    def _tail_and_gaps(self, block: bytes, base: int, newlines: int) -> None:
         # Only the block's last lines matter for the tail; timestamps are looked at on lines
         # that carry one at the usual place (cheap: a vLLM prefix "(X pid=N) LEVEL MM-DD ...").
         end = len(block)
-        no = base + block.count(b"\n")
+        no = base + newlines
         kept: list[tuple[int, str, str | None]] = []
         while end > 0 and len(kept) < _KEEP_LINES:
             s = block.rfind(b"\n", 0, end - 1) + 1
