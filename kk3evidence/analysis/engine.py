@@ -36,7 +36,7 @@ from kk3evidence.analysis.grammar import (
     decode_line,
     parse_line,
 )
-from kk3evidence.analysis.hang import HangScan, StallInputs, apply_hang
+from kk3evidence.analysis.hang import HangScan, HeldHangScan, StallInputs, apply_hang
 from kk3evidence.analysis.lastresort import ErrorLineCollector, last_resort
 from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, StageHints, load_rules, load_stage_hints
@@ -1101,7 +1101,7 @@ def analyze(
     """
     name, blocks = _blocks_for(source)
     eng = AnalysisEngine(label or name, ruleset, engine=engine, context=context)
-    scan = HangScan()
+    scan = HeldHangScan()  # scanned only as far as the verdict needs (see HeldHangScan)
     if budget is not None:
         return _analyze_budgeted(blocks, budget, eng, scan, stall_inputs=stall_inputs,
                                  source=source)
@@ -1120,7 +1120,7 @@ def _analyze_budgeted(
     for piece in pieces:
         if piece.kind == "skip":
             eng.skip_lines(piece.lines)
-            scan.lines += piece.lines
+            scan.skip_lines(piece.lines)
             continue
         eng.feed(piece.data)
         scan.feed(piece.data)

@@ -36,6 +36,7 @@ from kk3evidence.model import (
 __all__ = [
     "STALL_RULE",
     "HangScan",
+    "HeldHangScan",
     "StallInputs",
     "apply_hang",
     "describe_stall",
@@ -201,6 +202,10 @@ class HangScan:
             self._block(self._pending + b"\n")
             self._pending = b""
 
+    def skip_lines(self, n: int) -> None:
+        """Count ``n`` lines that are not scanned (a budgeted read skips them)."""
+        self.lines += n
+
     def _block(self, block: bytes) -> None:
         base = self.lines
         newlines = block.count(b"\n")  # counted once: the watcher and the tail reuse it
@@ -284,6 +289,36 @@ class HangScan:
         self._last_ts = (no, when)
 
 
+class HeldHangScan(HangScan):
+    """A :class:`HangScan` fed one block late, as :func:`~.engine.analyze` uses it: the block
+    held last is scanned by :meth:`finish`, which :func:`apply_hang` calls only when the
+    verdict needs the scan. A log read in one block that states a failure (or became ready)
+    costs no hang scan at all. The block held is the one the engine was just fed: no memory
+    beyond what the caller holds anyway."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held: bytes | None = None
+
+    def feed(self, data: bytes) -> None:
+        held, self._held = self._held, data
+        if held is not None:
+            super().feed(held)
+
+    def skip_lines(self, n: int) -> None:
+        self._scan_held()
+        super().skip_lines(n)
+
+    def finish(self) -> None:
+        self._scan_held()
+        super().finish()
+
+    def _scan_held(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            super().feed(held)
+
+
 def waiting_in(frames: Sequence[Mapping[str, object]]) -> tuple[str, str, str] | None:
     """``(what, stage, frame)`` for a thread's frames (innermost first), or ``None``."""
     for what, stage, markers in _WAITS:
@@ -365,16 +400,21 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
     exit 0, and there is start-up evidence (a stage seen) or a stall snapshot. A first failure
     of category ``hang`` (a timeout rule) gets the same ``stall`` details.
     """
-    scan.finish()
     inputs = inputs or StallInputs()
+    # Decided on the analysis alone (durations change no field it reads): only a stall needs
+    # the scan, so a held block (HeldHangScan) is scanned only then.
+    stalled = _stalled(analysis, inputs)
+    if stalled:
+        scan.finish()
     times: dict[int, float] = {}
     if inputs.lines_tsv is not None:
         wanted = {1, analysis.lines_total} | {s.first_line for s in analysis.stages}
-        wanted |= {n for n, _t, _p in scan.tail}
+        if stalled:
+            wanted |= {n for n, _t, _p in scan.tail}
         times = receive_times(inputs.lines_tsv(), wanted)
         ended = _ended(inputs.launch)
         analysis = replace(analysis, stages=stage_durations(analysis, times, ended))
-    if not _stalled(analysis, inputs):
+    if not stalled:
         return analysis
     last = _last_progress(scan, _progress_limit(analysis, inputs, times))
     ff = analysis.first_failure
