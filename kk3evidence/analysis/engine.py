@@ -190,6 +190,15 @@ def _envelope_shape(pfx: bytes, ts: bytes | None) -> _Shape:
     return _Shape(b"".join(first), b"".join(repeat), tuple(expect), gate, len(pfx))
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """A frame run's bodies looked at once (see AnalysisEngine._run_of)."""
+
+    cut: int  # how many of its lines are frames (0: none, the slow path decides)
+    frame_indent: int | None  # the indentation of its last frame line
+    hints: tuple[tuple[int, str | None, str | None], ...]  # (line index, stage, category)
+
+
 class AnalysisEngine:
     """Incremental analyzer: :meth:`feed` bytes in any chunking, then :meth:`finish`."""
 
@@ -225,7 +234,7 @@ class AnalysisEngine:
         self._run_shape: _Shape | None = None  # the envelope of the last frame line
         self._run_key: str | None = None  # and its process
         self._pfx_memo: dict[str, _Shape] = {}
-        self._runs_memo: dict[bytes, tuple[tuple[int, str | None, str | None], ...]] = {}
+        self._runs_memo: dict[tuple[bytes, int | None], _Run] = {}
         self._run_stop = -1  # where the last frame run ended (no second try there)
         self._run_res: dict[bytes, re.Pattern[bytes]] = {}
         self._memo: dict[tuple[object, ...], tuple[Rule, dict[str, str]] | None] = {}
@@ -715,34 +724,39 @@ class AnalysisEngine:
             return pos  # another process's line (or none): the slow path decides
         lines = block[pos : m.end()].split(b"\n")[:-1]
         # Every line of the run has the same envelope length (same numbers, fixed-width clock).
-        bodies = [ln[shape.plen :] for ln in lines]
-        joined = b"\n".join(bodies)
-        cut = _run_cut(joined, st.frame_indent)
-        if cut == 0:
+        run = self._run_of(b"\n".join([ln[shape.plen :] for ln in lines]), st.frame_indent)
+        if run.cut == 0:
             return pos
-        if cut < len(lines):
-            lines, bodies = lines[:cut], bodies[:cut]
-            joined = b"\n".join(bodies)
-        fi = _last_frame_indent(joined, len(joined))
-        if fi is not None:
-            st.frame_indent = fi
-        self._run_hints(joined, line_no, st)
-        st.last_seen = line_no + len(lines)
-        return pos + sum(map(len, lines)) + len(lines)
+        if run.frame_indent is not None:
+            st.frame_indent = run.frame_indent
+        self._run_hints(run.hints, line_no, st)
+        st.last_seen = line_no + run.cut
+        return pos + sum(map(len, lines[: run.cut])) + run.cut
 
-    def _run_hints(self, bodies: bytes, line_no: int, st: TracebackState) -> None:
-        """Frame hints of a run whose bodies (envelopes removed, one per line) are ``bodies``
-        and whose first line is ``line_no + 1``. They are remembered per run body, so a
-        traceback repeated by a crash loop is looked at once; the hint functions decide,
-        exactly as on the slow path."""
-        got = self._runs_memo.get(bodies)
+    def _run_of(self, bodies: bytes, frame_indent: int | None) -> _Run:
+        """What a run of frame lines whose bodies (envelopes removed, one per line) are
+        ``bodies`` amounts to, after a frame indented ``frame_indent``: remembered per bodies
+        and indent, so a traceback repeated by a crash loop is looked at once."""
+        key = (bodies, frame_indent)
+        got = self._runs_memo.get(key)
         if got is None:
-            got = self._hints_of(bodies)
-            if len(bodies) <= _MEMO_RUN:
+            cut = _run_cut(bodies, frame_indent)
+            if cut <= bodies.count(b"\n"):
+                bodies = b"\n".join(bodies.split(b"\n")[:cut])
+            got = _Run(cut, _last_frame_indent(bodies, len(bodies)), self._hints_of(bodies))
+            if len(key[0]) <= _MEMO_RUN:
                 if len(self._runs_memo) >= _MEMO_RUNS:
                     self._runs_memo.clear()
-                self._runs_memo[bodies] = got
-        for idx, stage, cat in got:
+                self._runs_memo[key] = got
+        return got
+
+    def _run_hints(
+        self, hints: tuple[tuple[int, str | None, str | None], ...], line_no: int,
+        st: TracebackState,
+    ) -> None:
+        """Record the frame hints of a run (see :meth:`_hints_of`) whose first line is
+        ``line_no + 1``; the hint functions decided, exactly as on the slow path."""
+        for idx, stage, cat in hints:
             if stage is not None and len(self._hint_events) < MAX_HINTS:
                 ev = HintEvent(line_no + 1 + idx, stage, st.chain, st.index, True)
                 self._hint_events.append(ev)
