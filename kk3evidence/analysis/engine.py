@@ -55,7 +55,11 @@ MAX_CONTEXTS = 200  # failure lines whose surrounding lines are kept for the rep
 MAX_KEPT_TEXT = 8192  # characters of a finding's line kept (longer lines are data dumps)
 
 # Not rule anchors: they start traceback tracking (frames of an excerpt may lack the header).
-_STRUCTURAL_ANCHORS = (TB_HEADER, 'File "')
+# The frame mark is no prefilter anchor: inside a traceback every line is looked at anyway (the
+# frame runs pass thousands of them at C speed in a dense crash), so outside one the next frame
+# mark is found with bytes.find instead of reporting every frame line of the block.
+_FRAME_MARK = b'File "'
+_STRUCTURAL_ANCHORS = (TB_HEADER, _FRAME_MARK.decode())
 _BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # A frame run (see AnalysisEngine._frame_run) stops before lines the envelope parser treats
 # specially (ANSI remnants, Ray's repeat suffix) or that open a new traceback.
@@ -107,7 +111,7 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
     single = [all(r.simple for r in rules) for rules in ruleset.anchor_rules]
     noise_only = [all(r.kind == "noise" for r in rules) for rules in ruleset.anchor_rules]
     hints = load_stage_hints()
-    structural = list(_STRUCTURAL_ANCHORS)
+    structural = [TB_HEADER]
     structural += [n for n in hints.line_needles if n not in structural]
     for a in structural:
         anchors.append(a)
@@ -229,6 +233,7 @@ class AnalysisEngine:
         self._ready_line: int | None = None
         self._long_lines = 0
         self._lo = 0  # bounds of the block being processed
+        self._frame_at = -1  # the next frame mark in the block being processed (see _candidate)
         self._hi = 0
         # Frame-run fast path (see _frame_run) and the memos of repeated lines.
         self._run_shape: _Shape | None = None  # the envelope of the last frame line
@@ -371,7 +376,7 @@ class AnalysisEngine:
         self._engine_config.scan(block, lo, n, base)
         self._error_lines.scan(block, lo, n, base)
         firsts, others = _split_hits(c.prefilter.scan(block, lo, n), c.single)
-        noise_only = c.noise_only
+        self._frame_at = -1
         tracker = self._tracker
         pos = lo
         line_no = base
@@ -400,30 +405,12 @@ class AnalysisEngine:
                 self._line(block, pos, e, line_no, ids)
                 pos = e + 1
                 continue
-            # Noise anchors alone never make a line worth a look (noise only suppresses).
-            while k < n_hits and (others[k][0] <= pos or noise_only[others[k][1]]):
-                k += 1
-            if k >= n_hits:
+            got = self._candidate(block, pos, n, others, k)
+            if got is None:
                 line_no += count(b"\n", pos, n)
                 break
-            end, aid = others[k]
-            alen = len(c.prefilter.anchor_bytes[aid])
-            s = block.rfind(b"\n", pos, max(pos, end - alen)) + 1
-            if s <= 0:
-                s = pos
-            line_no += count(b"\n", pos, s)
-            e = find(b"\n", end, n)
-            if e < 0:
-                e = n
-            ids = []
-            j = k - 1
-            while j >= 0 and others[j][0] > s and others[j][0] > pos:
-                ids.append(others[j][1])  # noise anchors earlier in the same line
-                j -= 1
-            while k < n_hits and others[k][0] <= e:
-                ids.append(others[k][1])
-                k += 1
-            line_no += 1
+            s, e, k, ids = got
+            line_no += count(b"\n", pos, s) + 1
             self._line(block, s, e, line_no, ids)
             pos = e + 1
         # Every newline of the block was counted on the way (a last line without a newline,
@@ -439,6 +426,44 @@ class AnalysisEngine:
             line_no = base + nl_total + 1
         self.lines = line_no
         tracker.tick(line_no)
+
+    def _candidate(
+        self, block: bytes, pos: int, n: int, others: list[tuple[int, int]], k: int
+    ) -> tuple[int, int, int, list[int]] | None:
+        """While no traceback is open: the next line at or after ``pos`` worth a look, the line
+        of the next hit (from ``others[k]`` on) of an anchor that is not noise only, or of the
+        next frame mark, as ``(start, end, next k, anchor ids of the line)``; else ``None``."""
+        c = self._c
+        noise_only = c.noise_only
+        n_hits = len(others)
+        # Noise anchors alone never make a line worth a look (noise only suppresses).
+        while k < n_hits and (others[k][0] <= pos or noise_only[others[k][1]]):
+            k += 1
+        if self._frame_at < pos:
+            at = block.find(_FRAME_MARK, pos, n)
+            self._frame_at = n if at < 0 else at
+        s = n
+        if k < n_hits:
+            end, aid = others[k]
+            alen = len(c.prefilter.anchor_bytes[aid])
+            s = max(pos, block.rfind(b"\n", pos, max(pos, end - alen)) + 1)
+        if self._frame_at < s:
+            s = max(pos, block.rfind(b"\n", pos, self._frame_at) + 1)
+        if s >= n:
+            return None
+        e = block.find(b"\n", s, n)
+        if e < 0:
+            e = n
+        ids: list[int] = []
+        j = k - 1
+        while j >= 0 and others[j][0] > s and others[j][0] > pos:
+            if others[j][0] <= e:
+                ids.append(others[j][1])  # noise anchors earlier in the same line
+            j -= 1
+        while k < n_hits and others[k][0] <= e:
+            ids.append(others[k][1])
+            k += 1
+        return s, e, k, ids
 
     def _context_bookkeeping(
         self, block: bytes, lo: int, n: int, *, base: int, nl_total: int, ends_nl: bool
