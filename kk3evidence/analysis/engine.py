@@ -643,12 +643,13 @@ class AnalysisEngine:
             return parse_line(line_no, raw)
         got = self._env_memo.get(raw)
         if got is None:
-            got = parse_line(0, raw)
+            got = parse_line(line_no, raw)  # remembered with its line number: a hit renumbers
             if len(self._env_memo) >= _MEMO_SIZE or self._env_memo_bytes >= _MEMO_BYTES:
                 self._env_memo.clear()
                 self._env_memo_bytes = 0
             self._env_memo[raw] = got
             self._env_memo_bytes += len(raw)
+            return got
         return LogLine(
             line_no,
             got.text,
