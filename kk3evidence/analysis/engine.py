@@ -135,6 +135,7 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
         frame_subs=tuple(sorted({n.encode() for n, _ in (*hints.frame_subs, *hints.cat_subs)})),
     )
     _CACHE[key] = c
+    _run_scanner()  # the frame runs' database too, with the rules, not in the first traceback
     return c
 
 
