@@ -177,8 +177,33 @@ class _Shape:
 _NUM = re.compile(rb"\d+")
 
 
-def _envelope_shape(pfx: bytes, ts: bytes | None) -> _Shape:
-    parts: list[tuple[str, bytes]] = []  # ("lit" | "ts" | "num", text)
+_ShapeKey = tuple[tuple[str, bytes], ...]
+_ZERO_DIGITS = bytes.maketrans(b"0123456789", b"0000000000")
+
+
+def _envelope_shape(
+    pfx: bytes, ts: bytes | None, memo: dict[_ShapeKey, tuple[bytes, bytes, bytes]]
+) -> _Shape:
+    """The shape of an envelope prefix; its regexes are remembered in ``memo`` per literal text
+    and clock form (they do not depend on pids, ranks or the time: a crash loop's restarts
+    share them)."""
+    parts = _envelope_parts(pfx, ts)
+    key = tuple(
+        (kind, text if kind == "lit" else text.translate(_ZERO_DIGITS) if kind == "ts" else b"")
+        for kind, text in parts
+    )
+    got = memo.get(key)
+    if got is None:
+        if len(memo) >= _MEMO_SIZE:
+            memo.clear()
+        got = memo[key] = _shape_regexes(parts)
+    expect = tuple(text for kind, text in parts if kind == "num")
+    return _Shape(got[0], got[1], expect, got[2], len(pfx))
+
+
+def _envelope_parts(pfx: bytes, ts: bytes | None) -> list[tuple[str, bytes]]:
+    """``pfx`` cut into ("lit" | "ts" | "num", text) parts."""
+    parts: list[tuple[str, bytes]] = []
     head, tail = pfx, b""
     if ts and pfx.count(ts) == 1:
         head, _, tail = pfx.partition(ts)
@@ -193,8 +218,13 @@ def _envelope_shape(pfx: bytes, ts: bytes | None) -> _Shape:
             parts.append(("num", m.group()))
             pos = m.end()
         parts.append(("lit", chunk[pos:]))
+    return parts
+
+
+def _shape_regexes(parts: list[tuple[str, bytes]]) -> tuple[bytes, bytes, bytes]:
+    """(first, repeat, gate) of a shape (see _Shape) from its parts."""
     first, repeat = [], []
-    expect: list[bytes] = []
+    nums = 0
     for kind, text in parts:
         if kind == "lit":
             esc = re.escape(text)
@@ -205,11 +235,11 @@ def _envelope_shape(pfx: bytes, ts: bytes | None) -> _Shape:
             first.append(gen)
             repeat.append(gen)
         else:
-            expect.append(text)
+            nums += 1
             first.append(rb"(\d+)")
-            repeat.append(b"(?:\\%d)" % len(expect))
+            repeat.append(b"(?:\\%d)" % nums)
     gate = parts[0][1] if parts and parts[0][0] == "lit" else b""
-    return _Shape(b"".join(first), b"".join(repeat), tuple(expect), gate, len(pfx))
+    return b"".join(first), b"".join(repeat), gate
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +289,7 @@ class AnalysisEngine:
         self._run_shape: _Shape | None = None  # the envelope of the last frame line
         self._run_key: str | None = None  # and its process
         self._pfx_memo: dict[str, _Shape] = {}
+        self._shape_memo: dict[_ShapeKey, tuple[bytes, bytes, bytes]] = {}
         self._runs_memo: dict[tuple[bytes, int | None], _Run] = {}
         self._run_stop = -1  # where the last frame run ended (no second try there)
         self._run_res: dict[bytes, re.Pattern[bytes]] = {}
@@ -738,7 +769,7 @@ class AnalysisEngine:
         if got is None:
             pfx = text_pfx.encode("utf-8", "surrogateescape")
             ts = line.timestamp.encode("utf-8", "surrogateescape") if line.timestamp else None
-            got = _envelope_shape(pfx, ts)
+            got = _envelope_shape(pfx, ts, self._shape_memo)
             if len(self._pfx_memo) >= _MEMO_SIZE:
                 self._pfx_memo.clear()
             self._pfx_memo[text_pfx] = got
