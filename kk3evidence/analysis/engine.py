@@ -383,8 +383,8 @@ class AnalysisEngine:
                 name=rule.name, summary=rule.summary, why=rule.why,
                 next_steps=tuple(rule.next_steps), severity=rule.severity, status=rule.status),
             context=None if ctx is None else FailureContext(
-                before=tuple(ContextLine(n, t) for n, t in ctx["before"]),
-                after=tuple(ContextLine(n, t) for n, t in ctx["after"])),
+                before=tuple(ContextLine(n, decode_line(t)) for n, t in ctx["before"]),
+                after=tuple(ContextLine(n, decode_line(t)) for n, t in ctx["after"])),
             notes=tuple(res.notes),
             findings_truncated=self._hits_dropped,
             long_lines_truncated=self._long_lines,
@@ -528,7 +528,8 @@ class AnalysisEngine:
     def _context_bookkeeping(
         self, block: bytes, lo: int, n: int, *, base: int, nl_total: int, ends_nl: bool
     ) -> None:
-        """Complete after-context of failures from earlier blocks; remember this block's tail."""
+        """Complete after-context of failures from earlier blocks; remember this block's tail
+        (raw lines, as in _context_around)."""
         want = self.context
         if self._pending_after:
             still: list[tuple[int, list[list[Any]]]] = []
@@ -540,7 +541,7 @@ class AnalysisEngine:
                     if no > covered:
                         f = block.find(b"\n", pos, n)
                         f = n if f < 0 else f
-                        after.append([no, decode_line(block[pos:f])])
+                        after.append([no, block[pos:f]])
                         pos = f + 1
                     else:
                         f = block.find(b"\n", pos, n)
@@ -556,7 +557,7 @@ class AnalysisEngine:
             b = block.rfind(b"\n", lo, end) + 1
             if b <= 0:
                 b = lo
-            tail.append([no, decode_line(block[b:end])])
+            tail.append([no, block[b:end]])
             no -= 1
             end = b - 1
         tail.reverse()
@@ -1011,7 +1012,8 @@ def _split_hits(
 def _context_around(
     block: bytes, s: int, e: int, *, line_no: int, n: int, lo: int, hi: int
 ) -> dict[str, list[list[Any]]]:
-    """Up to ``n`` lines before and after the line ``block[s:e]`` (within ``block[lo:hi]``)."""
+    """Up to ``n`` lines before and after the line ``block[s:e]`` (within ``block[lo:hi]``),
+    raw: only the first failure's are decoded (:meth:`AnalysisEngine.finish`)."""
     before: list[list[Any]] = []
     pos = s
     for i in range(1, n + 1):
@@ -1020,7 +1022,7 @@ def _context_around(
         b = block.rfind(b"\n", lo, pos - 1) + 1
         if b <= 0:
             b = lo
-        before.append([line_no - i, decode_line(block[b : pos - 1])])
+        before.append([line_no - i, block[b : pos - 1]])
         pos = b
     before.reverse()
     after: list[list[Any]] = []
@@ -1031,7 +1033,7 @@ def _context_around(
         f = block.find(b"\n", pos, hi)
         if f < 0:
             f = hi
-        after.append([line_no + i, decode_line(block[pos:f])])
+        after.append([line_no + i, block[pos:f]])
         pos = f + 1
     return {"before": before, "after": after}
 
