@@ -33,6 +33,7 @@ RULE_ID = "EXC010"
 MAX_LINES = 256  # candidate lines kept (then the collector stops scanning: cost bounded)
 _MAX_KEPT = 8192  # bytes of a candidate line kept
 _WINDOW = 1 << 20  # scanned per call, cut at a newline, so a full collector stops early
+_FIRST_WINDOW = 1 << 16  # the first call's (doubled up to _WINDOW: a dense crash fills it soon)
 
 #: Literal tokens of error-level lines (a candidate has one somewhere; the level test below
 #: decides whether it is in the line's prefix).
@@ -113,10 +114,12 @@ class ErrorLineCollector:
             scanner = self._scan = _scanner()
         counted, line_no, taken = lo, base, lo  # newlines counted up to `counted`
         w = lo
+        window = _FIRST_WINDOW
         while w < n:
-            hi = n if n - w <= _WINDOW else block.rfind(b"\n", w, w + _WINDOW) + 1
+            hi = n if n - w <= window else block.rfind(b"\n", w, w + window) + 1
             if hi <= w:
-                hi = min(n, w + _WINDOW)
+                hi = min(n, w + window)
+            window = min(2 * window, _WINDOW)
             for end, _aid in scanner.hits(block, w, hi):
                 if end <= taken:
                     continue  # a second token on a line already taken
