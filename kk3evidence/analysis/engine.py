@@ -809,16 +809,24 @@ class AnalysisEngine:
         m = rx.match(block, pos, n)
         if m is None or m.groups() != shape.expect:
             return pos  # another process's line (or none): the slow path decides
-        lines = block[pos : m.end()].split(b"\n")[:-1]
-        # Every line of the run has the same envelope length (same numbers, fixed-width clock).
-        run = self._run_of(b"\n".join([ln[shape.plen :] for ln in lines]), st.frame_indent)
+        end = m.end()
+        if shape.plen:
+            lines = block[pos:end].split(b"\n")[:-1]
+            # Every line of the run has the same envelope length (same numbers, fixed-width
+            # clock).
+            bodies = b"\n".join([ln[shape.plen :] for ln in lines])
+        else:  # no envelope (a bare traceback): the lines are the bodies
+            bodies = block[pos : end - 1]
+        run = self._run_of(bodies, st.frame_indent)
         if run.cut == 0:
             return pos
         if run.frame_indent is not None:
             st.frame_indent = run.frame_indent
         self._run_hints(run.hints, line_no, st)
         st.last_seen = line_no + run.cut
-        return pos + sum(map(len, lines[: run.cut])) + run.cut
+        if run.cut > bodies.count(b"\n"):
+            return end  # the whole run
+        return pos + len(b"\n".join(block[pos:end].split(b"\n")[: run.cut])) + 1
 
     def _run_of(self, bodies: bytes, frame_indent: int | None) -> _Run:
         """What a run of frame lines whose bodies (envelopes removed, one per line) are
