@@ -414,17 +414,16 @@ def _fold_ranks(
         if lab is not None:
             per_rule.setdefault(f.rule, set()).add(lab)
     groups: dict[tuple[str, str, str], list[Finding]] = {}
+    masked: dict[str, str] = {}  # body -> its words with numbers masked (ranks repeat bodies)
     for f in findings:
         if labels.get(f.line_no) is None or len(per_rule.get(f.rule, ())) < 2:
             continue  # one rank only for this rule: nothing to fold
         body = bodies.get(f.line_no, f.text)
+        words = masked.get(body)
+        if words is None:
+            words = masked[body] = _DIGITS.sub("#", body.strip())
         groups.setdefault(
-            (
-                f.rule,
-                f.kind if f.kind != "consequence" else "failure",
-                _DIGITS.sub("#", body.strip()),
-            ),
-            [],
+            (f.rule, f.kind if f.kind != "consequence" else "failure", words), []
         ).append(f)
     folded: dict[int, Finding] = {}  # head line -> new head
     drop: set[int] = set()

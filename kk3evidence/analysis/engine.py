@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from kk3evidence._literals import LiteralScanner
 from kk3evidence.analysis.budget import Budget, budgeted, coverage
 from kk3evidence.analysis.causality import HintEvent, Resolution, StageEvidence, resolve
 from kk3evidence.analysis.classify import Classified, Classifier
@@ -37,7 +38,7 @@ from kk3evidence.analysis.grammar import (
     decode_line,
     parse_line,
 )
-from kk3evidence.analysis.hang import HangScan, StallInputs, apply_hang
+from kk3evidence.analysis.hang import HangScan, HeldHangScan, StallInputs, apply_hang
 from kk3evidence.analysis.lastresort import ErrorLineCollector, cut_traceback, last_resort
 from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, StageHints, load_rules, load_stage_hints
@@ -55,8 +56,10 @@ MAX_HINTS = 20000  # stage-hint lines kept (rules/stage-hints.toml)
 MAX_CONTEXTS = 200  # failure lines whose surrounding lines are kept for the report
 MAX_KEPT_TEXT = 8192  # characters of a finding's line kept (longer lines are data dumps)
 
-# Not rule anchors: they start traceback tracking (frames of an excerpt may lack the header).
-_STRUCTURAL_ANCHORS = (TB_HEADER, 'File "', RICH_TB_HEADER)
+# The frame mark is no prefilter anchor: inside a traceback every line is looked at anyway (the
+# frame runs pass thousands of them at C speed in a dense crash), so outside one the next frame
+# mark is found with bytes.find instead of reporting every frame line of the block.
+_FRAME_MARK = b'File "'
 _BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # A frame run (see AnalysisEngine._frame_run) stops before lines the envelope parser treats
 # specially (ANSI remnants, Ray's repeat suffix) or that open a new traceback.
@@ -70,7 +73,10 @@ _MAX_RUN_PATTERNS = 64
 # `[^\n]*` body is matched several times faster than a class with exclusions.
 _RUN_BODY = rb"(?:[ \t]+(?![ \t|>\"\[(]|(?:DEBUG|INFO|WARN|ERROR|CRITICAL)\b)[^\n]*)?\n"
 _MEMO_SIZE = 4096  # lines remembered per memo (then forgotten all at once: memory flat)
-_MEMO_BODY = 1024  # longer lines: not remembered (envelopes) or remembered by digest (rules)
+# Envelopes and rule answers of lines up to _MEMO_LINE bytes are remembered until the remembered
+# lines hold _MEMO_BYTES (then forgotten all at once): a dense crash repeats its 1-3 KB dump lines.
+_MEMO_LINE = 64 * 1024
+_MEMO_BYTES = 4 * 1024 * 1024
 _MEMO_RUN = 16384  # frame runs longer than this (deep recursion) are not remembered
 _MEMO_RUNS = 256  # frame-run bodies remembered (at most 4 MiB)
 #: the frame-run fast path (tests switch it off to compare with the line-by-line path)
@@ -105,7 +111,7 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
     single = [all(r.simple for r in rules) for rules in ruleset.anchor_rules]
     noise_only = [all(r.kind == "noise" for r in rules) for rules in ruleset.anchor_rules]
     hints = load_stage_hints()
-    structural = list(_STRUCTURAL_ANCHORS)
+    structural = [TB_HEADER, RICH_TB_HEADER]  # they start traceback tracking (not rule anchors)
     structural += [n for n in hints.line_needles if n not in structural]
     for a in structural:
         anchors.append(a)
@@ -129,7 +135,24 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
         frame_subs=tuple(sorted({n.encode() for n, _ in (*hints.frame_subs, *hints.cat_subs)})),
     )
     _CACHE[key] = c
+    _run_scanner()  # the frame runs' database too, with the rules, not in the first traceback
+    _frame_mark_scanner()
     return c
+
+
+_FRAME_MARKS: list[LiteralScanner | None] = []  # [scanner] once built; [None] without Hyperscan
+
+
+def _frame_mark_scanner() -> LiteralScanner | None:
+    """The frame mark alone, reported once (at its first occurrence) per scan: Hyperscan only
+    (each engine's clone has scratch space of its own); ``None`` means ``bytes.find``."""
+    if not _FRAME_MARKS:
+        try:
+            scanner = LiteralScanner([_FRAME_MARK], single=[True], engine="hyperscan").prepare()
+        except Exception:  # Hyperscan missing or unusable
+            scanner = None
+        _FRAME_MARKS.append(scanner)
+    return _FRAME_MARKS[0]
 
 
 # The function name at the end of a frame line (``File "…", line N, in <name>``).
@@ -153,8 +176,33 @@ class _Shape:
 _NUM = re.compile(rb"\d+")
 
 
-def _envelope_shape(pfx: bytes, ts: bytes | None) -> _Shape:
-    parts: list[tuple[str, bytes]] = []  # ("lit" | "ts" | "num", text)
+_ShapeKey = tuple[tuple[str, bytes], ...]
+_ZERO_DIGITS = bytes.maketrans(b"0123456789", b"0000000000")
+
+
+def _envelope_shape(
+    pfx: bytes, ts: bytes | None, memo: dict[_ShapeKey, tuple[bytes, bytes, bytes]]
+) -> _Shape:
+    """The shape of an envelope prefix; its regexes are remembered in ``memo`` per literal text
+    and clock form (they do not depend on pids, ranks or the time: a crash loop's restarts
+    share them)."""
+    parts = _envelope_parts(pfx, ts)
+    key = tuple(
+        (kind, text if kind == "lit" else text.translate(_ZERO_DIGITS) if kind == "ts" else b"")
+        for kind, text in parts
+    )
+    got = memo.get(key)
+    if got is None:
+        if len(memo) >= _MEMO_SIZE:
+            memo.clear()
+        got = memo[key] = _shape_regexes(parts)
+    expect = tuple(text for kind, text in parts if kind == "num")
+    return _Shape(got[0], got[1], expect, got[2], len(pfx))
+
+
+def _envelope_parts(pfx: bytes, ts: bytes | None) -> list[tuple[str, bytes]]:
+    """``pfx`` cut into ("lit" | "ts" | "num", text) parts."""
+    parts: list[tuple[str, bytes]] = []
     head, tail = pfx, b""
     if ts and pfx.count(ts) == 1:
         head, _, tail = pfx.partition(ts)
@@ -169,8 +217,13 @@ def _envelope_shape(pfx: bytes, ts: bytes | None) -> _Shape:
             parts.append(("num", m.group()))
             pos = m.end()
         parts.append(("lit", chunk[pos:]))
+    return parts
+
+
+def _shape_regexes(parts: list[tuple[str, bytes]]) -> tuple[bytes, bytes, bytes]:
+    """(first, repeat, gate) of a shape (see _Shape) from its parts."""
     first, repeat = [], []
-    expect: list[bytes] = []
+    nums = 0
     for kind, text in parts:
         if kind == "lit":
             esc = re.escape(text)
@@ -181,11 +234,20 @@ def _envelope_shape(pfx: bytes, ts: bytes | None) -> _Shape:
             first.append(gen)
             repeat.append(gen)
         else:
-            expect.append(text)
+            nums += 1
             first.append(rb"(\d+)")
-            repeat.append(b"(?:\\%d)" % len(expect))
+            repeat.append(b"(?:\\%d)" % nums)
     gate = parts[0][1] if parts and parts[0][0] == "lit" else b""
-    return _Shape(b"".join(first), b"".join(repeat), tuple(expect), gate, len(pfx))
+    return b"".join(first), b"".join(repeat), gate
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """A frame run's bodies looked at once (see AnalysisEngine._run_of)."""
+
+    cut: int  # how many of its lines are frames (0: none, the slow path decides)
+    frame_indent: int | None  # the indentation of its last frame line
+    hints: tuple[tuple[int, str | None, str | None], ...]  # (line index, stage, category)
 
 
 class AnalysisEngine:
@@ -218,16 +280,22 @@ class AnalysisEngine:
         self._ready_line: int | None = None
         self._long_lines = 0
         self._lo = 0  # bounds of the block being processed
+        self._frame_at = -1  # the next frame mark in the block being processed (see _candidate)
+        marks = _frame_mark_scanner()
+        self._frame_marks = None if marks is None else marks.clone()
         self._hi = 0
         # Frame-run fast path (see _frame_run) and the memos of repeated lines.
         self._run_shape: _Shape | None = None  # the envelope of the last frame line
         self._run_key: str | None = None  # and its process
         self._pfx_memo: dict[str, _Shape] = {}
-        self._runs_memo: dict[bytes, tuple[tuple[int, str | None, str | None], ...]] = {}
+        self._shape_memo: dict[_ShapeKey, tuple[bytes, bytes, bytes]] = {}
+        self._runs_memo: dict[tuple[bytes, int | None], _Run] = {}
         self._run_stop = -1  # where the last frame run ended (no second try there)
         self._run_res: dict[bytes, re.Pattern[bytes]] = {}
         self._memo: dict[tuple[object, ...], tuple[Rule, dict[str, str]] | None] = {}
+        self._memo_chars = 0  # characters of the bodies in _memo's keys
         self._env_memo: dict[bytes, LogLine] = {}
+        self._env_memo_bytes = 0  # raw bytes of the lines in _env_memo
         self._engine_config = EngineConfigCollector()  # what vLLM reports it runs with
         self._error_lines = ErrorLineCollector()  # the last resort's candidates (lastresort.py)
 
@@ -308,8 +376,8 @@ class AnalysisEngine:
                 name=rule.name, summary=rule.summary, why=rule.why,
                 next_steps=tuple(rule.next_steps), severity=rule.severity, status=rule.status),
             context=None if ctx is None else FailureContext(
-                before=tuple(ContextLine(n, t) for n, t in ctx["before"]),
-                after=tuple(ContextLine(n, t) for n, t in ctx["after"])),
+                before=tuple(ContextLine(n, decode_line(t)) for n, t in ctx["before"]),
+                after=tuple(ContextLine(n, decode_line(t)) for n, t in ctx["after"])),
             notes=tuple(res.notes),
             findings_truncated=self._hits_dropped,
             long_lines_truncated=self._long_lines,
@@ -376,7 +444,7 @@ class AnalysisEngine:
         self._engine_config.scan(block, lo, n, base)
         self._error_lines.scan(block, lo, n, base)
         firsts, others = _split_hits(c.prefilter.scan(block, lo, n), c.single)
-        noise_only = c.noise_only
+        self._frame_at = -1
         tracker = self._tracker
         pos = lo
         line_no = base
@@ -405,30 +473,12 @@ class AnalysisEngine:
                 self._line(block, pos, e, line_no, ids)
                 pos = e + 1
                 continue
-            # Noise anchors alone never make a line worth a look (noise only suppresses).
-            while k < n_hits and (others[k][0] <= pos or noise_only[others[k][1]]):
-                k += 1
-            if k >= n_hits:
+            got = self._candidate(block, pos, n, others, k)
+            if got is None:
                 line_no += count(b"\n", pos, n)
                 break
-            end, aid = others[k]
-            alen = len(c.prefilter.anchor_bytes[aid])
-            s = block.rfind(b"\n", pos, max(pos, end - alen)) + 1
-            if s <= 0:
-                s = pos
-            line_no += count(b"\n", pos, s)
-            e = find(b"\n", end, n)
-            if e < 0:
-                e = n
-            ids = []
-            j = k - 1
-            while j >= 0 and others[j][0] > s and others[j][0] > pos:
-                ids.append(others[j][1])  # noise anchors earlier in the same line
-                j -= 1
-            while k < n_hits and others[k][0] <= e:
-                ids.append(others[k][1])
-                k += 1
-            line_no += 1
+            s, e, k, ids = got
+            line_no += count(b"\n", pos, s) + 1
             self._line(block, s, e, line_no, ids)
             pos = e + 1
         # Every newline of the block was counted on the way (a last line without a newline,
@@ -445,10 +495,58 @@ class AnalysisEngine:
         self.lines = line_no
         tracker.tick(line_no)
 
+    def _candidate(
+        self, block: bytes, pos: int, n: int, others: list[tuple[int, int]], k: int
+    ) -> tuple[int, int, int, list[int]] | None:
+        """While no traceback is open: the next line at or after ``pos`` worth a look, the line
+        of the next hit (from ``others[k]`` on) of an anchor that is not noise only, or of the
+        next frame mark, as ``(start, end, next k, anchor ids of the line)``; else ``None``."""
+        c = self._c
+        noise_only = c.noise_only
+        n_hits = len(others)
+        # Noise anchors alone never make a line worth a look (noise only suppresses).
+        while k < n_hits and (others[k][0] <= pos or noise_only[others[k][1]]):
+            k += 1
+        if self._frame_at < pos:
+            self._frame_at = self._next_frame_mark(block, pos, n)
+        s = n
+        if k < n_hits:
+            end, aid = others[k]
+            alen = len(c.prefilter.anchor_bytes[aid])
+            s = max(pos, block.rfind(b"\n", pos, max(pos, end - alen)) + 1)
+        if self._frame_at < s:
+            s = max(pos, block.rfind(b"\n", pos, self._frame_at) + 1)
+        if s >= n:
+            return None
+        e = block.find(b"\n", s, n)
+        if e < 0:
+            e = n
+        ids: list[int] = []
+        j = k - 1
+        while j >= 0 and others[j][0] > s and others[j][0] > pos:
+            if others[j][0] <= e:
+                ids.append(others[j][1])  # noise anchors earlier in the same line
+            j -= 1
+        while k < n_hits and others[k][0] <= e:
+            ids.append(others[k][1])
+            k += 1
+        return s, e, k, ids
+
+    def _next_frame_mark(self, block: bytes, pos: int, n: int) -> int:
+        """Where the first frame mark in ``block[pos:n]`` starts, else ``n``. Hyperscan stops at
+        the first (several GB/s); ``bytes.find`` runs at ~1 GB/s through access-log lines."""
+        marks = self._frame_marks
+        if marks is None:
+            at = block.find(_FRAME_MARK, pos, n)
+            return n if at < 0 else at
+        hits = marks.hits(block, pos, n)
+        return hits[0][0] - len(_FRAME_MARK) if hits else n
+
     def _context_bookkeeping(
         self, block: bytes, lo: int, n: int, *, base: int, nl_total: int, ends_nl: bool
     ) -> None:
-        """Complete after-context of failures from earlier blocks; remember this block's tail."""
+        """Complete after-context of failures from earlier blocks; remember this block's tail
+        (raw lines, as in _context_around)."""
         want = self.context
         if self._pending_after:
             still: list[tuple[int, list[list[Any]]]] = []
@@ -460,7 +558,7 @@ class AnalysisEngine:
                     if no > covered:
                         f = block.find(b"\n", pos, n)
                         f = n if f < 0 else f
-                        after.append([no, decode_line(block[pos:f])])
+                        after.append([no, block[pos:f]])
                         pos = f + 1
                     else:
                         f = block.find(b"\n", pos, n)
@@ -476,7 +574,7 @@ class AnalysisEngine:
             b = block.rfind(b"\n", lo, end) + 1
             if b <= 0:
                 b = lo
-            tail.append([no, decode_line(block[b:end])])
+            tail.append([no, block[b:end]])
             no -= 1
             end = b - 1
         tail.reverse()
@@ -619,14 +717,17 @@ class AnalysisEngine:
     def _parse(self, line_no: int, raw: bytes) -> LogLine:
         """:func:`parse_line`, memoised on the raw bytes (a dense crash repeats whole lines,
         timestamps included, many times within one second)."""
-        if len(raw) > _MEMO_BODY:
+        if len(raw) > _MEMO_LINE:
             return parse_line(line_no, raw)
         got = self._env_memo.get(raw)
         if got is None:
-            got = parse_line(0, raw)
-            if len(self._env_memo) >= _MEMO_SIZE:
+            got = parse_line(line_no, raw)  # remembered with its line number: a hit renumbers
+            if len(self._env_memo) >= _MEMO_SIZE or self._env_memo_bytes >= _MEMO_BYTES:
                 self._env_memo.clear()
+                self._env_memo_bytes = 0
             self._env_memo[raw] = got
+            self._env_memo_bytes += len(raw)
+            return got
         return LogLine(
             line_no,
             got.text,
@@ -645,16 +746,18 @@ class AnalysisEngine:
         print the same messages over and over, and pyparsing is the cost on those lines."""
         down = self._shutdown_line is not None
         body: object = line.body
-        if len(line.body) > _MEMO_BODY:
-            # Long bodies (config and scheduler dumps) are remembered by digest, not by value.
+        if len(line.body) > _MEMO_LINE:
+            # Huge bodies (data dumps) are remembered by digest, not by value.
             body = hashlib.blake2b(line.body.encode("utf-8", "surrogatepass"), digest_size=16)
             body = (len(line.body), body.digest())
         key = (body, line.level, line.tb_role, tuple(ids), down)
         if key not in self._memo:
             hit = self._c.classifier.classify(line, ids, shutdown_requested=down)
-            if len(self._memo) >= _MEMO_SIZE:
+            if len(self._memo) >= _MEMO_SIZE or self._memo_chars >= _MEMO_BYTES:
                 self._memo.clear()
+                self._memo_chars = 0
             self._memo[key] = None if hit is None else (hit.rule, hit.captures)
+            self._memo_chars += min(len(line.body), _MEMO_LINE)
             return hit
         got = self._memo[key]
         if got is None:
@@ -684,7 +787,7 @@ class AnalysisEngine:
         if got is None:
             pfx = text_pfx.encode("utf-8", "surrogateescape")
             ts = line.timestamp.encode("utf-8", "surrogateescape") if line.timestamp else None
-            got = _envelope_shape(pfx, ts)
+            got = _envelope_shape(pfx, ts, self._shape_memo)
             if len(self._pfx_memo) >= _MEMO_SIZE:
                 self._pfx_memo.clear()
             self._pfx_memo[text_pfx] = got
@@ -723,36 +826,49 @@ class AnalysisEngine:
         m = rx.match(block, pos, n)
         if m is None or m.groups() != shape.expect:
             return pos  # another process's line (or none): the slow path decides
-        lines = block[pos : m.end()].split(b"\n")[:-1]
-        # Every line of the run has the same envelope length (same numbers, fixed-width clock).
-        bodies = [ln[shape.plen :] for ln in lines]
-        joined = b"\n".join(bodies)
-        cut = _run_cut(joined, st.frame_indent)
-        if cut == 0:
+        end = m.end()
+        if shape.plen:
+            lines = block[pos:end].split(b"\n")[:-1]
+            # Every line of the run has the same envelope length (same numbers, fixed-width
+            # clock).
+            bodies = b"\n".join([ln[shape.plen :] for ln in lines])
+        else:  # no envelope (a bare traceback): the lines are the bodies
+            bodies = block[pos : end - 1]
+        run = self._run_of(bodies, st.frame_indent)
+        if run.cut == 0:
             return pos
-        if cut < len(lines):
-            lines, bodies = lines[:cut], bodies[:cut]
-            joined = b"\n".join(bodies)
-        fi = _last_frame_indent(joined, len(joined))
-        if fi is not None:
-            st.frame_indent = fi
-        self._run_hints(joined, line_no, st)
-        st.last_seen = line_no + len(lines)
-        return pos + sum(map(len, lines)) + len(lines)
+        if run.frame_indent is not None:
+            st.frame_indent = run.frame_indent
+        self._run_hints(run.hints, line_no, st)
+        st.last_seen = line_no + run.cut
+        if run.cut > bodies.count(b"\n"):
+            return end  # the whole run
+        return pos + len(b"\n".join(block[pos:end].split(b"\n")[: run.cut])) + 1
 
-    def _run_hints(self, bodies: bytes, line_no: int, st: TracebackState) -> None:
-        """Frame hints of a run whose bodies (envelopes removed, one per line) are ``bodies``
-        and whose first line is ``line_no + 1``. They are remembered per run body, so a
-        traceback repeated by a crash loop is looked at once; the hint functions decide,
-        exactly as on the slow path."""
-        got = self._runs_memo.get(bodies)
+    def _run_of(self, bodies: bytes, frame_indent: int | None) -> _Run:
+        """What a run of frame lines whose bodies (envelopes removed, one per line) are
+        ``bodies`` amounts to, after a frame indented ``frame_indent``: remembered per bodies
+        and indent, so a traceback repeated by a crash loop is looked at once."""
+        key = (bodies, frame_indent)
+        got = self._runs_memo.get(key)
         if got is None:
-            got = self._hints_of(bodies)
-            if len(bodies) <= _MEMO_RUN:
+            cut = _run_cut(bodies, frame_indent)
+            if cut <= bodies.count(b"\n"):
+                bodies = b"\n".join(bodies.split(b"\n")[:cut])
+            got = _Run(cut, _last_frame_indent(bodies, len(bodies)), self._hints_of(bodies))
+            if len(key[0]) <= _MEMO_RUN:
                 if len(self._runs_memo) >= _MEMO_RUNS:
                     self._runs_memo.clear()
-                self._runs_memo[bodies] = got
-        for idx, stage, cat in got:
+                self._runs_memo[key] = got
+        return got
+
+    def _run_hints(
+        self, hints: tuple[tuple[int, str | None, str | None], ...], line_no: int,
+        st: TracebackState,
+    ) -> None:
+        """Record the frame hints of a run (see :meth:`_hints_of`) whose first line is
+        ``line_no + 1``; the hint functions decided, exactly as on the slow path."""
+        for idx, stage, cat in hints:
             if stage is not None and len(self._hint_events) < MAX_HINTS:
                 ev = HintEvent(line_no + 1 + idx, stage, st.chain, st.index, True)
                 self._hint_events.append(ev)
@@ -921,7 +1037,8 @@ def _split_hits(
 def _context_around(
     block: bytes, s: int, e: int, *, line_no: int, n: int, lo: int, hi: int
 ) -> dict[str, list[list[Any]]]:
-    """Up to ``n`` lines before and after the line ``block[s:e]`` (within ``block[lo:hi]``)."""
+    """Up to ``n`` lines before and after the line ``block[s:e]`` (within ``block[lo:hi]``),
+    raw: only the first failure's are decoded (:meth:`AnalysisEngine.finish`)."""
     before: list[list[Any]] = []
     pos = s
     for i in range(1, n + 1):
@@ -930,7 +1047,7 @@ def _context_around(
         b = block.rfind(b"\n", lo, pos - 1) + 1
         if b <= 0:
             b = lo
-        before.append([line_no - i, decode_line(block[b : pos - 1])])
+        before.append([line_no - i, block[b : pos - 1]])
         pos = b
     before.reverse()
     after: list[list[Any]] = []
@@ -941,7 +1058,7 @@ def _context_around(
         f = block.find(b"\n", pos, hi)
         if f < 0:
             f = hi
-        after.append([line_no + i, decode_line(block[pos:f])])
+        after.append([line_no + i, block[pos:f]])
         pos = f + 1
     return {"before": before, "after": after}
 
@@ -1111,7 +1228,7 @@ def analyze(
     """
     name, blocks = _blocks_for(source)
     eng = AnalysisEngine(label or name, ruleset, engine=engine, context=context)
-    scan = HangScan()
+    scan = HeldHangScan()  # scanned only as far as the verdict needs (see HeldHangScan)
     if budget is not None:
         return _analyze_budgeted(blocks, budget, eng, scan, stall_inputs=stall_inputs,
                                  source=source)
@@ -1130,7 +1247,7 @@ def _analyze_budgeted(
     for piece in pieces:
         if piece.kind == "skip":
             eng.skip_lines(piece.lines)
-            scan.lines += piece.lines
+            scan.skip_lines(piece.lines)
             continue
         eng.feed(piece.data)
         scan.feed(piece.data)

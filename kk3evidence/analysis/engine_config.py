@@ -7,8 +7,8 @@ maximum concurrency, the estimated maximum model length when the context does no
 Judgements about prefix caching, context length or concurrency must use these values.
 
 The collector is fed the same blocks as the analysis engine and looks for a handful of literal
-markers with ``bytes.find`` (C speed, once per block); each value keeps the first line that
-stated it, with its line number, so a reader can check it.
+markers in one literal pass per block (:mod:`kk3evidence._literals`, each marker reported once);
+each value keeps the first line that stated it, with its line number, so a reader can check it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kk3evidence._literals import LiteralScanner
 from kk3evidence.model import JSONObject
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -136,6 +137,16 @@ _MARKERS: tuple[tuple[bytes, Callable[[str], dict[str, Any]]], ...] = (
 )
 
 
+_SCANNER: list[LiteralScanner] = []  # the markers compiled once; each collector clones it
+
+
+def _marker_scanner() -> LiteralScanner:
+    if not _SCANNER:
+        markers = [m for m, _ in _MARKERS]
+        _SCANNER.append(LiteralScanner(markers, single=[True] * len(markers)).prepare())
+    return _SCANNER[0].clone()
+
+
 @dataclass(slots=True)
 class EngineConfigCollector:
     """Streaming collector: :meth:`scan` every block, then :meth:`result`."""
@@ -143,16 +154,18 @@ class EngineConfigCollector:
     values: dict[str, Any] = field(default_factory=dict)
     lines: dict[str, int] = field(default_factory=dict)  # value key -> 1-based line number
     _done: set[bytes] = field(default_factory=set)
+    _scanner: LiteralScanner | None = field(default=None, repr=False, compare=False)
 
     def scan(self, block: bytes, lo: int, hi: int, base: int) -> None:
         """Look for the markers in ``block[lo:hi]``; ``base`` lines precede ``lo``. Lines are
         taken in log order, so the first statement of a value wins however the log was cut
         into blocks."""
         found: list[tuple[int, bytes, Callable[[str], dict[str, Any]]]] = []
-        for marker, parse in _MARKERS:
+        firsts = self._first_offsets(block, lo, hi)
+        for i, (marker, parse) in enumerate(_MARKERS):
             if marker in self._done:
                 continue
-            pos = block.find(marker, lo, hi)
+            pos = block.find(marker, lo, hi) if firsts is None else firsts.get(i, -1)
             if pos >= 0:
                 found.append((pos, marker, parse))
         for pos, marker, parse in sorted(found, key=lambda f: f[0]):
@@ -162,6 +175,21 @@ class EngineConfigCollector:
             line_no = base + block.count(b"\n", lo, start) + 1
             self.add_line(raw.decode("utf-8", errors="replace"), line_no, parse)
             self._done.add(marker)
+
+    def _first_offsets(self, block: bytes, lo: int, hi: int) -> dict[int, int] | None:
+        """Where each marker first occurs in ``block[lo:hi]``, from one literal pass (each
+        marker reported once), or ``None`` where the scanner may miss overlapping markers
+        (re2): then each is looked for with ``bytes.find``."""
+        if len(self._done) == len(_MARKERS):
+            return {}
+        if self._scanner is None:
+            self._scanner = _marker_scanner()
+        if not self._scanner.exact_ids:
+            return None
+        firsts: dict[int, int] = {}
+        for end, i in self._scanner.hits(block, lo, hi):
+            firsts.setdefault(i, end - len(_MARKERS[i][0]))
+        return firsts
 
     def add_line(
         self, text: str, line_no: int, parse: Callable[[str], JSONObject] | None = None

@@ -36,6 +36,7 @@ from kk3evidence.model import (
 __all__ = [
     "STALL_RULE",
     "HangScan",
+    "HeldHangScan",
     "StallInputs",
     "apply_hang",
     "describe_stall",
@@ -201,8 +202,13 @@ class HangScan:
             self._block(self._pending + b"\n")
             self._pending = b""
 
+    def skip_lines(self, n: int) -> None:
+        """Count ``n`` lines that are not scanned (a budgeted read skips them)."""
+        self.lines += n
+
     def _block(self, block: bytes) -> None:
         base = self.lines
+        newlines = block.count(b"\n")  # counted once: the watcher and the tail reuse it
         # Ranks first (a rank's milestones in the same block must find it). Newlines are
         # counted from the previous match on, not from the block start (a crash loop has many).
         counted, at = 0, 0
@@ -217,18 +223,18 @@ class HangScan:
             r.milestones.setdefault("comm_group", line.line_no)
             if line.process:
                 self._proc_rank[line.process] = rank
-        for m in self._watch.feed(block, 0.0):
+        for m in self._watch.feed_lines(block, 0.0, newlines=newlines):
             who = m.rank if m.rank is not None else self._proc_rank.get(m.process or "")
             if who is not None and who in self.ranks and m.marks != "shutdown":
                 self.ranks[who].milestones.setdefault(m.stage, m.line_no)
-        self.lines += block.count(b"\n")
-        self._tail_and_gaps(block, base)
+        self.lines += newlines
+        self._tail_and_gaps(block, base, newlines)
 
-    def _tail_and_gaps(self, block: bytes, base: int) -> None:
+    def _tail_and_gaps(self, block: bytes, base: int, newlines: int) -> None:
         # Only the block's last lines matter for the tail; timestamps are looked at on lines
         # that carry one at the usual place (cheap: a vLLM prefix "(X pid=N) LEVEL MM-DD ...").
         end = len(block)
-        no = base + block.count(b"\n")
+        no = base + newlines
         kept: list[tuple[int, str, str | None]] = []
         while end > 0 and len(kept) < _KEEP_LINES:
             s = block.rfind(b"\n", 0, end - 1) + 1
@@ -281,6 +287,36 @@ class HangScan:
                 self.gaps.sort(reverse=True)
                 del self.gaps[_MAX_GAPS:]
         self._last_ts = (no, when)
+
+
+class HeldHangScan(HangScan):
+    """A :class:`HangScan` fed one block late, as :func:`~.engine.analyze` uses it: the block
+    held last is scanned by :meth:`finish`, which :func:`apply_hang` calls only when the
+    verdict needs the scan. A log read in one block that states a failure (or became ready)
+    costs no hang scan at all. The block held is the one the engine was just fed: no memory
+    beyond what the caller holds anyway."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held: bytes | None = None
+
+    def feed(self, data: bytes) -> None:
+        held, self._held = self._held, data
+        if held is not None:
+            super().feed(held)
+
+    def skip_lines(self, n: int) -> None:
+        self._scan_held()
+        super().skip_lines(n)
+
+    def finish(self) -> None:
+        self._scan_held()
+        super().finish()
+
+    def _scan_held(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            super().feed(held)
 
 
 def waiting_in(frames: Sequence[Mapping[str, object]]) -> tuple[str, str, str] | None:
@@ -364,16 +400,21 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
     exit 0, and there is start-up evidence (a stage seen) or a stall snapshot. A first failure
     of category ``hang`` (a timeout rule) gets the same ``stall`` details.
     """
-    scan.finish()
     inputs = inputs or StallInputs()
+    # Decided on the analysis alone (durations change no field it reads): only a stall needs
+    # the scan, so a held block (HeldHangScan) is scanned only then.
+    stalled = _stalled(analysis, inputs)
+    if stalled:
+        scan.finish()
     times: dict[int, float] = {}
     if inputs.lines_tsv is not None:
         wanted = {1, analysis.lines_total} | {s.first_line for s in analysis.stages}
-        wanted |= {n for n, _t, _p in scan.tail}
+        if stalled:
+            wanted |= {n for n, _t, _p in scan.tail}
         times = receive_times(inputs.lines_tsv(), wanted)
         ended = _ended(inputs.launch)
         analysis = replace(analysis, stages=stage_durations(analysis, times, ended))
-    if not _stalled(analysis, inputs):
+    if not stalled:
         return analysis
     last = _last_progress(scan, _progress_limit(analysis, inputs, times))
     ff = analysis.first_failure

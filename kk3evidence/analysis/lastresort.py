@@ -42,6 +42,7 @@ CUT_RULE_ID = "EXC011"  # a traceback the log ends in, before its exception line
 MAX_LINES = 256  # candidate lines kept (then the collector stops scanning: cost bounded)
 _MAX_KEPT = 8192  # bytes of a candidate line kept
 _WINDOW = 1 << 20  # scanned per call, cut at a newline, so a full collector stops early
+_FIRST_WINDOW = 1 << 16  # the first call's (doubled up to _WINDOW: a dense crash fills it soon)
 
 #: Literal tokens of error-level lines (a candidate has one somewhere; the level test below
 #: decides whether it is in the line's prefix).
@@ -137,11 +138,14 @@ class ErrorLineCollector:
             taken = n if e < 0 else e
             self.lines.append((1, bytes(block[lo : min(taken, lo + _MAX_KEPT)])))
         w = lo
+        window = _FIRST_WINDOW
         while w < n:
-            hi = n if n - w <= _WINDOW else block.rfind(b"\n", w, w + _WINDOW) + 1
+            hi = n if n - w <= window else block.rfind(b"\n", w, w + window) + 1
             if hi <= w:
-                hi = min(n, w + _WINDOW)
-            for end, _aid in scanner.hits(block, w, hi):
+                hi = min(n, w + window)
+            window = min(2 * window, _WINDOW)
+            # (from the newline before the window: the `\nE0`-style tokens start with it)
+            for end, _aid in scanner.hits(block, w - 1 if w > lo else w, hi):
                 if end <= taken:
                     continue  # a second token on a line already taken
                 s = max(lo, block.rfind(b"\n", lo, end) + 1)

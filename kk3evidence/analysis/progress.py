@@ -118,6 +118,15 @@ class MilestoneWatcher:
         self._pending = buf[cut + 1 :][-65536:]
         return self._block(buf[: cut + 1], at)
 
+    def feed_lines(
+        self, block: bytes, at: float, *, newlines: int | None = None
+    ) -> list[Milestone]:
+        """:meth:`feed` for a block of whole lines (ending with a newline, nothing pending),
+        whose newlines the caller may have counted already (``newlines``)."""
+        if self._pending:
+            return self.feed(block, at)
+        return self._block(block, at, newlines)
+
     def _ends(self, block: bytes) -> list[int]:
         hits = self._prefilter.scan(block)
         if len(hits) <= self._full_left:
@@ -136,9 +145,9 @@ class MilestoneWatcher:
             ends = ends[: _MAX_HITS // 4] + ends[-(_MAX_HITS - _MAX_HITS // 4) :]
         return ends
 
-    def _block(self, block: bytes, at: float) -> list[Milestone]:
+    def _block(self, block: bytes, at: float, newlines: int | None = None) -> list[Milestone]:
         line_no = self.lines
-        self.lines += block.count(b"\n")
+        self.lines += block.count(b"\n") if newlines is None else newlines
         found: list[Milestone] = []
         done_to = -1
         pos = 0

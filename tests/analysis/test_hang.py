@@ -7,10 +7,12 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kk3evidence.analysis.engine import analyze
+from kk3evidence.analysis.engine import AnalysisEngine, analyze
 from kk3evidence.analysis.hang import (
     HangScan,
+    HeldHangScan,
     StallInputs,
+    apply_hang,
     describe_stall,
     receive_times,
     waiting_in,
@@ -109,6 +111,29 @@ def test_waits_are_named_from_the_innermost_known_frame() -> None:
         "engine_init"
     )
     assert waiting_in([{"function": "main", "file": "x.py"}]) is None
+
+
+@settings(max_examples=30, deadline=None)
+@given(cut=st.lists(st.integers(min_value=1, max_value=4000), max_size=4))
+def test_a_scan_fed_one_block_late_gives_the_verdict_of_an_eager_one(cut: list[int]) -> None:
+    # analyze() holds the last block back from the hang scan (HeldHangScan): a stall verdict
+    # must come out the same as with every block scanned at once, however the log is cut.
+    data = (RUN / "output.log").read_bytes()
+    pieces, pos = [], 0
+    for c in sorted(set(cut)):
+        pieces.append(data[pos:c])
+        pos = max(pos, c)
+    pieces.append(data[pos:])
+    results = []
+    for scan in (HangScan(), HeldHangScan()):
+        eng = AnalysisEngine("x")
+        for piece in pieces:
+            eng.feed(piece)
+            scan.feed(piece)
+        inputs = StallInputs(launch={"exit_code": 1})
+        results.append(apply_hang(eng.finish(), scan, inputs).to_json())
+    assert results[0] == results[1]
+    assert results[0]["stall"] is not None
 
 
 @settings(max_examples=40, deadline=None)

@@ -175,3 +175,15 @@ def test_a_rich_boxed_traceback_ends_in_its_exception_line() -> None:
 def test_a_rich_boxed_traceback_cut_in_its_box_answers_its_header() -> None:
     ff = analyze(_RICH_TB.encode()).first_failure
     assert ff is not None and (ff.line_no, ff.rule) == (2, "EXC011")
+
+
+def test_a_glog_line_at_a_window_boundary_is_collected() -> None:
+    from kk3evidence.analysis import lastresort
+
+    filler = b"INFO 01-01 00:00:00 [x.py:1] ok\n"
+    head = filler * (lastresort._FIRST_WINDOW // len(filler) + 1)
+    cut = head.rfind(b"\n", 0, lastresort._FIRST_WINDOW) + 1
+    block = head[:cut] + b"E1201 10:00:00.000123 12 c.cc:12] failed to connect\n" + head[cut:]
+    col = ErrorLineCollector()
+    col.scan(block, 0, len(block), base=0)
+    assert [no for no, _ in col.lines] == [block[:cut].count(b"\n") + 1]
