@@ -56,6 +56,8 @@ MAX_HINTS = 20000  # stage-hint lines kept (rules/stage-hints.toml)
 MAX_CONTEXTS = 200  # failure lines whose surrounding lines are kept for the report
 MAX_KEPT_TEXT = 8192  # characters of a finding's line kept (longer lines are data dumps)
 
+# Not rule anchors: they start traceback tracking (Python's header and rich's boxed one).
+_STRUCTURAL_ANCHORS = (TB_HEADER, RICH_TB_HEADER)
 # The frame mark is no prefilter anchor: inside a traceback every line is looked at anyway (the
 # frame runs pass thousands of them at C speed in a dense crash), so outside one the next frame
 # mark is found with bytes.find instead of reporting every frame line of the block.
@@ -111,7 +113,7 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
     single = [all(r.simple for r in rules) for rules in ruleset.anchor_rules]
     noise_only = [all(r.kind == "noise" for r in rules) for rules in ruleset.anchor_rules]
     hints = load_stage_hints()
-    structural = [TB_HEADER, RICH_TB_HEADER]  # they start traceback tracking (not rule anchors)
+    structural = list(_STRUCTURAL_ANCHORS)
     structural += [n for n in hints.line_needles if n not in structural]
     for a in structural:
         anchors.append(a)
