@@ -401,25 +401,14 @@ class AnalysisEngine:
     def _last_resort(self) -> Classified | None:
         """Nothing stated a failure (lastresort.py): the earlier of the first error-level line
         no rule knew and a traceback the log ends in before its exception line."""
-        found = [
-            h
-            for h in (
-                last_resort(
-                    self._error_lines.lines,
-                    self._c.classifier,
-                    shutdown_line=self._shutdown_line,
-                    parse=self._parse,
-                )
-                if self._error_lines.lines
-                else None,
-                cut_traceback(
-                    self._tracker.cut_tracebacks(self.lines),
-                    self._c.classifier,
-                    shutdown_line=self._shutdown_line,
-                ),
-            )
-            if h is not None
-        ]
+        down = self._shutdown_line
+        error_line = last_resort(
+            self._error_lines.lines, self._c.classifier, shutdown_line=down, parse=self._parse
+        )
+        cut = cut_traceback(
+            self._tracker.cut_tracebacks(self.lines), self._c.classifier, shutdown_line=down
+        )
+        found = [h for h in (error_line, cut) if h is not None]
         return min(found, key=lambda h: h.line.line_no) if found else None
 
     def _resolve(self) -> Resolution:

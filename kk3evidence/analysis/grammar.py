@@ -322,6 +322,8 @@ TB_HEADER = "Traceback (most recent call last):"
 # `│ … │` rows, `╰───╯`, then the exception line outside the box.
 RICH_TB_HEADER = "Traceback (most recent call last) ─"
 _RICH_BOX = ("│", "╰")
+TB_DIRECT_CAUSE = "The above exception was the direct cause of the following exception:"
+TB_DURING_HANDLING = "During handling of the above exception, another exception occurred:"
 
 
 def is_tb_header(stripped: str) -> bool:
@@ -329,8 +331,7 @@ def is_tb_header(stripped: str) -> bool:
     return stripped.endswith(TB_HEADER) or (
         stripped.startswith("╭") and RICH_TB_HEADER in stripped
     )
-TB_DIRECT_CAUSE = "The above exception was the direct cause of the following exception:"
-TB_DURING_HANDLING = "During handling of the above exception, another exception occurred:"
+
 
 _FRAME_RE = re.compile(r"^\s+File \"[^\"]*\", line \d+")
 # Inside an open traceback a frame line may have lost its indentation (a re-indented paste).
