@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -178,6 +178,7 @@ def resolve(
     hints: Sequence[HintEvent] = (),
     policy: StageHints | None = None,
     category_hints: Sequence[HintEvent] = (),
+    word_category: Callable[[str], str | None] | None = None,
 ) -> Resolution:
     """Decide roots, consequences and the first failure from the classified lines.
 
@@ -190,7 +191,7 @@ def resolve(
     stage_of = _stages_of(
         kept, evidence, ready_line, completable, index=HintIndex(hints), policy=pol
     )
-    cat_of = _context_categories(kept, HintIndex(category_hints), pol)
+    cat_of = _context_categories(kept, HintIndex(category_hints), pol, word_category)
     links = _link(kept, shutdown_line)
     live = [h for h in kept if h.line.line_no not in links.dropped]
     first = _first_failure(links, live, notes)
@@ -218,14 +219,25 @@ def _drop_superseded(
     hits: Sequence[Classified], links: dict[int, list[str | None]]
 ) -> list[Classified]:
     """Drop fallback exceptions that a "During handling…" chain superseded (the outer one is
-    what propagated), keeping those that are the direct cause of the next one."""
+    what propagated), keeping those that are the direct cause of the next one, and those
+    whose superseding exception the log never shows (cut inside the next traceback's frames:
+    the inner exception is the only failure stated)."""
+    last_index: dict[int, int] = {}
+    for h in hits:
+        ln = h.line
+        if ln.tb_chain is not None and ln.tb_index > last_index.get(ln.tb_chain, -1):
+            last_index[ln.tb_chain] = ln.tb_index
     kept: list[Classified] = []
     for h in hits:
         ln = h.line
         if h.rule.fallback and ln.tb_chain is not None:
             chain = links.get(ln.tb_chain, [])
             nxt = ln.tb_index + 1
-            if nxt < len(chain) and chain[nxt] == "context":
+            if (
+                nxt < len(chain)
+                and chain[nxt] == "context"
+                and last_index.get(ln.tb_chain, -1) >= nxt
+            ):
                 continue
         kept.append(h)
     return kept
@@ -448,12 +460,17 @@ def _fold_ranks(
 
 
 def _context_categories(
-    kept: Sequence[Classified], index: HintIndex, policy: StageHints
+    kept: Sequence[Classified],
+    index: HintIndex,
+    policy: StageHints,
+    word_category: Callable[[str], str | None] | None = None,
 ) -> dict[int, str]:
     """Line -> category for failures (and consequences, which stand in for an unstated cause)
     whose rule's category the context may replace
     (``category_context`` in ``rules/stage-hints.toml``): the failure line's own words first,
-    then the frames of its traceback (innermost first), then the nearest hinted line."""
+    then the frames of its traceback (innermost first), then the nearest hinted line; for a
+    fallback (no rule's grammar matched the line) last the rule set's own words in the line
+    (``word_category``: anchors of specific rules that all name one category)."""
     if not policy.category_context:
         return {}
     out: dict[int, str] = {}
@@ -479,6 +496,8 @@ def _context_categories(
             ]
             if near:
                 got = min(near, key=lambda e: (abs(e.line_no - no), e.line_no)).stage
+        if got is None and r.fallback and word_category is not None:
+            got = word_category(ln.body)
         if got is not None and got != r.category:
             out[ln.line_no] = got
     return out

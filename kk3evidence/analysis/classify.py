@@ -66,6 +66,16 @@ class Classifier:
             lits = self._literals = LiteralScanner(self.ruleset.anchors)
         return lits.ids(body)
 
+    def word_category(self, body: str) -> str | None:
+        """The category the rule set's own words in ``body`` point at, when they agree: a
+        line no rule's grammar matched (a new wording of a known failure: `HIP out of memory`,
+        a TCPStore `EADDRINUSE` in another envelope) still names its family through the
+        anchors of the specific rules. ``None`` when no such anchor is present or they point at
+        different categories."""
+        cats = self.ruleset.anchor_categories
+        found = {cats[i] for i in self.anchor_ids(body) if cats[i] is not None}
+        return found.pop() if len(found) == 1 else None
+
     def candidates(self, anchor_ids: Iterable[int], line: LogLine) -> list[Rule]:
         rs = self.ruleset
         seen: dict[str, Rule] = {}

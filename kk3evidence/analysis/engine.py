@@ -422,6 +422,7 @@ class AnalysisEngine:
             hints=self._hint_events,
             policy=self._c.hints,
             category_hints=self._cat_events,
+            word_category=self._c.classifier.word_category,
         )
 
     # -- the block scan ------------------------------------------------------------------

@@ -72,9 +72,11 @@ _BLOCK_REGEX: dict[str, str] = {
         r"(?:Error|Exception|Exit|Interrupt|Failure|Fault|Timeout|Warning)(?![A-Za-z0-9_])"
     ),
     # An exception that is an error (no warnings, exits or interrupts): bare-line fallbacks.
+    # Python's base class itself counts (`Exception: Capture cuda graph failed: …`); a bare
+    # `Error: …` does not (CLIs and wrappers print it for messages of every level).
     "pyerr": (
-        r"(?:[A-Za-z_][A-Za-z0-9_]*\.)*[A-Za-z_][A-Za-z0-9_]*"
-        r"(?:Error|Exception|Failure|Fault)(?![A-Za-z0-9_])"
+        r"(?:[A-Za-z_][A-Za-z0-9_]*\.)*"
+        r"(?:[A-Za-z_][A-Za-z0-9_]*(?:Error|Exception|Failure|Fault)|Exception)(?![A-Za-z0-9_])"
     ),
 }
 

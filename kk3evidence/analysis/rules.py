@@ -196,6 +196,9 @@ class RuleSet:
     anchors: tuple[str, ...]  # every distinct anchor, index = anchor id
     anchor_rules: tuple[tuple[Rule, ...], ...]  # anchor id -> rules (in precedence order)
     anchorless: tuple[Rule, ...]  # exception-scope rules without anchors
+    # anchor id -> the category every specific failure rule using that anchor has, or None:
+    # the rule set's own words, for a failure no rule's grammar matched (see word_category)
+    anchor_categories: tuple[str | None, ...] = ()
 
     def __iter__(self) -> Iterator[Rule]:
         return iter(self.rules)
@@ -205,6 +208,12 @@ class RuleSet:
 
     def get(self, rule_id: str) -> Rule | None:
         return self.by_id.get(rule_id)
+
+    def without(self, *rule_ids: str) -> RuleSet:
+        """This rule set less ``rule_ids``: how the analyzer answers a log whose rule does not
+        exist yet (``scripts/score-ablation``)."""
+        drop = set(rule_ids)
+        return _build([r for r in self.rules if r.id not in drop])
 
 
 def _precedence(rule: Rule) -> tuple[int, int, int, int]:
@@ -238,7 +247,27 @@ def _build(rules: list[Rule]) -> RuleSet:
         anchors=tuple(anchor_ids),
         anchor_rules=tuple(tuple(x) for x in per_anchor),
         anchorless=tuple(anchorless),
+        anchor_categories=tuple(
+            _anchor_category(a, rs) for a, rs in zip(anchor_ids, per_anchor, strict=True)
+        ),
     )
+
+
+# Anchors shorter than this say too little on their own to decide a category ("OOM", "HCCL").
+_MIN_WORD = 5
+
+
+def _anchor_category(anchor: str, rules: list[Rule]) -> str | None:
+    """The category an anchor stands for: the one category of every specific (non-fallback)
+    failure rule that uses it, when that is not ``other``; ``None`` for anchors shared by
+    categories, used only by milestones, noise, consequences or fallbacks, or too short."""
+    if len(anchor) < _MIN_WORD:
+        return None
+    cats = {r.category for r in rules if r.kind == "failure" and not r.fallback}
+    if len(cats) != 1:
+        return None
+    (cat,) = cats
+    return cat if cat != "other" else None
 
 
 def _as_list(v: Any) -> list[Any]:

@@ -221,3 +221,70 @@ def test_a_specific_rule_keeps_its_category_whatever_the_frames_say() -> None:
     )
     ff = a.first_failure
     assert ff is not None and ff.category == "oom" and ff.basis == "rule"
+
+
+def test_a_fallback_takes_the_category_its_words_share_with_specific_rules() -> None:
+    # No rule's grammar matches this wording, but "Address already in use" is an anchor only
+    # port rules use: the rule set's own words name the family (issue 13, category from context).
+    a = _an(
+        "Traceback (most recent call last):\n"
+        '  File "/x/frob.py", line 3, in frob\n'
+        "FrobError: bind failed: Address already in use (port 29500)\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.rule == "EXC001" and ff.basis == "fallback"
+    assert ff.category == "port"
+
+
+def test_words_of_several_categories_leave_a_fallback_other() -> None:
+    from kk3evidence.analysis.classify import Classifier
+    from kk3evidence.analysis.rules import load_rules
+
+    c = Classifier(load_rules())
+    assert c.word_category("bind failed: Address already in use") == "port"
+    assert c.word_category("the frobnicator is jammed") is None
+    cats = load_rules().anchor_categories
+    assert "other" not in cats and len(cats) == len(load_rules().anchors)
+
+
+def test_an_exception_whose_superseding_traceback_is_cut_stays_the_first_failure() -> None:
+    # A slice that starts inside the frames, then "During handling…" and a second traceback
+    # the excerpt cuts before its exception: the only stated failure is the first exception
+    # (pr36634's shape). Before, the inner exception was dropped as superseded and the log
+    # answered "no failure".
+    a = _an(
+        '  File "/x/frob.py", line 3, in frob\n'
+        "    self.frob()\n"
+        "FrobError: the frobnicator is jammed\n"
+        "\n"
+        "During handling of the above exception, another exception occurred:\n"
+        "\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/multiprocessing/process.py", line 314, in _bootstrap\n'
+        "    self.run()\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.line_no == 3 and ff.basis == "fallback"
+
+
+def test_a_superseded_fallback_exception_is_still_dropped_when_the_outer_one_is_shown() -> None:
+    a = _an(
+        "Traceback (most recent call last):\n"
+        '  File "/x/frob.py", line 3, in frob\n'
+        "FrobError: the frobnicator is jammed\n"
+        "\n"
+        "During handling of the above exception, another exception occurred:\n"
+        "\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/frob.py", line 9, in unfrob\n'
+        "UnfrobError: could not unjam the frobnicator\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.line_no == 9
+
+
+def test_a_bare_base_exception_line_is_a_fallback_but_a_bare_error_prefix_is_not() -> None:
+    a = _an("INFO starting\nException: Capture cuda graph failed: frob went wrong\nINFO bye\n")
+    ff = a.first_failure
+    assert ff is not None and ff.rule == "EXC003" and ff.line_no == 2
+    assert _an("INFO starting\nError: see the frob manual for details\n").first_failure is None
