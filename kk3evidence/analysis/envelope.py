@@ -162,7 +162,7 @@ _TORCH_CPP_RE = re.compile(
 )
 _NCCL_RE = re.compile(
     r"^(?P<host>[A-Za-z0-9_.\-]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>[^\]]*)\]\s+"
-    r"(?:[A-Za-z0-9_./\-]+\.(?:cc|cpp|h|c):\d+\s+)?(?=NCCL\s+(?P<level>INFO|WARN|ERROR|TRACE)\b)"
+    r"(?:(?P<src>[A-Za-z0-9_./\-]+\.(?:cc|cpp|h|c):\d+)\s+)?(?=NCCL\s+(?P<level>INFO|WARN|ERROR|TRACE)\b)"
 )
 # An application's own logging format: "[ERROR] [MainThread] [asyncio] >>> msg"
 _BRACKET_LEVEL_RE = re.compile(
@@ -417,6 +417,8 @@ def _y_nccl(m: re.Match[str], acc: _Acc) -> None:
     acc.level = normalize_level(m.group("level"))
     pid = int(m.group("pid"))
     acc.pid = pid
+    if m.group("src"):
+        acc.source = m.group("src")  # NCCL's file.cc:line (rules' `sources`)
     if acc.process is None:
         acc.process = f"{m.group('host')}:{pid}"
 

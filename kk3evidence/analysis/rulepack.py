@@ -30,7 +30,9 @@ _MATCHING = (
     "without anchors only see the last line of a Python traceback, scope 'exception', or, "
     "scope 'level', an error-level line in a log that states no other failure, or, scope "
     "'cut', the header of a traceback the log ends in, in such a log); "
-    "'levels', when present, must contain the line's level; then one of the regexes must "
+    "'levels', when present, must contain the line's level; 'sources', when present, must "
+    "contain a substring of the source location the envelope names (each example's "
+    "'source': NCCL's file.cc:line, glog's file); then one of the regexes must "
     f"match (re.search) within the first {MAX_MATCH_CHARS} characters of the body. When several "
     "rules claim a line: noise, then consequence, then failure, then milestone; higher "
     "priority first; fallback rules last; then the order in this pack."
@@ -44,7 +46,7 @@ _FLAVOR = (
 
 def _example(text: str) -> dict[str, Any]:
     line = parse_line(1, text)
-    return {"line": text, "body": line.body, "level": line.level}
+    return {"line": text, "body": line.body, "level": line.level, "source": line.source_file}
 
 
 def _patterns(rule: Rule) -> list[dict[str, Any]]:
@@ -73,6 +75,7 @@ def _rule(rule: Rule) -> dict[str, Any]:
         "next_steps": list(rule.next_steps),
         "anchors": list(rule.anchors),
         "levels": sorted(rule.levels) if rule.levels is not None else None,
+        "sources": list(rule.sources) if rule.sources is not None else None,
         "scope": rule.scope,
         "fallback": rule.fallback,
         "evidence": rule.evidence,

@@ -91,6 +91,9 @@ class Rule:
     since: str = "0.1.0"  # the kk3evidence version that added the rule
     references: tuple[str, ...] = ()  # where its example lines and facts come from
     evidence: int = 1  # fallbacks: how strong the evidence is (1 strongest; causality ranks)
+    # only lines whose envelope names a source location (NCCL's `ras/client_support.cc:160`,
+    # glog's file) containing one of these substrings
+    sources: tuple[str, ...] | None = None
     source: str = ""
     order: int = 0
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -122,6 +125,8 @@ class Rule:
         if line.tb_role in ("frame", "header", "separator"):
             return None
         if self.levels is not None and line.level is not None and line.level not in self.levels:
+            return None
+        if self.sources is not None and not _from_source(line.source_file, self.sources):
             return None
         body = line.body
         if len(body) > MAX_MATCH_CHARS:
@@ -174,6 +179,10 @@ class Rule:
 
 
 @functools.lru_cache(maxsize=8192)
+def _from_source(where: str | None, sources: tuple[str, ...]) -> bool:
+    return where is not None and any(x in where for x in sources)
+
+
 def _compiled(source: str) -> CompiledPattern:
     return compile_pattern(source)
 
@@ -381,6 +390,7 @@ def _compile_rule(r: dict[str, Any], source: str, order: int) -> Rule:
         since=str(r.get("since", "0.1.0")),
         references=tuple(r.get("references", [])),
         evidence=int(r.get("evidence", 1)),
+        sources=tuple(str(x) for x in r["sources"]) if r.get("sources") else None,
         source=source,
         order=order,
         raw=dict(r),

@@ -93,3 +93,21 @@ def test_layers_are_built_from_the_table() -> None:
     for t in (tables.wrapper, tables.process, tables.level):
         for head, cands in t.by_head.items():
             assert [i for i, _ in cands] == sorted(i for i, _ in cands), head
+
+
+def test_nccl_keeps_its_source_location_for_rules() -> None:
+    line = parse_line(1, "paula09:2528103:2528103 [0] ras/client_support.cc:160 NCCL WARN Call to "
+                     "bind failed: Address already in use")
+    assert line.source_file == "ras/client_support.cc:160"
+    assert line.body == "NCCL WARN Call to bind failed: Address already in use"
+
+
+def test_nccl_ras_bind_is_noise_but_a_bootstrap_bind_is_a_failure() -> None:
+    from kk3evidence.analysis.engine import analyze as _analyze
+
+    msg = b" NCCL WARN Call to bind failed: Address already in use\n"
+    ras = b"h:1:1 [0] ras/client_support.cc:160" + msg
+    boot = b"h:1:1 [0] misc/socket.cc:484" + msg
+    assert _analyze(ras).first_failure is None
+    ff = _analyze(boot).first_failure
+    assert ff is not None and ff.category == "nccl"

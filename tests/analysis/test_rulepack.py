@@ -30,6 +30,9 @@ def _accepts(rule: dict[str, Any], example: dict[str, Any]) -> bool:
         return False
     if rule["levels"] is not None and example["level"] not in (None, *rule["levels"]):
         return False
+    where = example["source"]
+    if rule["sources"] is not None and not (where and any(s in where for s in rule["sources"])):
+        return False
     if not rule["patterns"]:
         return True
     return any(re.search(p["regex"], body) for p in rule["patterns"])
