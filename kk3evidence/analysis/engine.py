@@ -62,6 +62,9 @@ _STRUCTURAL_ANCHORS = (TB_HEADER, RICH_TB_HEADER)
 # frame runs pass thousands of them at C speed in a dense crash), so outside one the next frame
 # mark is found with bytes.find instead of reporting every frame line of the block.
 _FRAME_MARK = b'File "'
+# Source and caret lines looked at above a traceback's first frame when its header is not in
+# the log (a frame echoes one source line and up to one caret line).
+_HEADERLESS_LOOKBACK = 3
 _BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # A frame run (see AnalysisEngine._frame_run) stops before lines the envelope parser treats
 # specially (ANSI remnants, Ray's repeat suffix) or that open a new traceback.
@@ -479,8 +482,7 @@ class AnalysisEngine:
         ends_nl = n > lo and block[n - 1] == 10
         if firsts:
             self._simple_milestones(block, lo, n, base=base, firsts=firsts, nl_total=nl_total)
-        if self.context:
-            self._context_bookkeeping(block, lo, n, base=base, nl_total=nl_total, ends_nl=ends_nl)
+        self._context_bookkeeping(block, lo, n, base=base, nl_total=nl_total, ends_nl=ends_nl)
         if final and n > lo and not ends_nl:
             # The last line has no newline: it still counts as a line.
             line_no = base + nl_total + 1
@@ -538,7 +540,8 @@ class AnalysisEngine:
         self, block: bytes, lo: int, n: int, *, base: int, nl_total: int, ends_nl: bool
     ) -> None:
         """Complete after-context of failures from earlier blocks; remember this block's tail
-        (raw lines, as in _context_around)."""
+        (raw lines, as in _context_around; at least the lines a headerless traceback's start
+        may need, :meth:`_headerless_start`)."""
         want = self.context
         if self._pending_after:
             still: list[tuple[int, list[list[Any]]]] = []
@@ -559,10 +562,11 @@ class AnalysisEngine:
                 if len(after) < want:
                     still.append((hit_no, after))
             self._pending_after = still
+        keep = max(want, _HEADERLESS_LOOKBACK)
         tail: list[list[Any]] = []
         end = n - 1 if ends_nl else n
         no = base + nl_total + (0 if ends_nl else 1)
-        while len(tail) < want and end >= lo:
+        while len(tail) < keep and end >= lo:
             b = block.rfind(b"\n", lo, end) + 1
             if b <= 0:
                 b = lo
@@ -570,8 +574,8 @@ class AnalysisEngine:
             no -= 1
             end = b - 1
         tail.reverse()
-        if len(tail) < want:
-            tail = self._tail[-(want - len(tail)) :] + tail
+        if len(tail) < keep:
+            tail = self._tail[-(keep - len(tail)) :] + tail
         self._tail = tail
 
     def _simple_milestones(
@@ -640,6 +644,8 @@ class AnalysisEngine:
         self._remember_prefix(raw, line)
         hints = self._c.hints
         if line.tb_role == "frame":
+            if self._tracker.headerless_start(line):
+                self._headerless_start(block, s, line)
             if len(self._hint_events) < MAX_HINTS:
                 self._frame_hint(line_no, line.body, line.tb_chain, line.tb_index)
             return
@@ -788,6 +794,31 @@ class AnalysisEngine:
             return
         self._run_shape = got
         self._run_key = line.key
+
+    def _headerless_start(self, block: bytes, s: int, first: LogLine) -> None:
+        """A traceback whose header the log lacks starts at frame ``first`` (at ``block[s]``):
+        the source and caret lines of the same process just above it (an excerpt that begins
+        inside the frames keeps them) are its start, for a log that ends inside it (EXC011)."""
+        start = None
+        pos = s
+        earlier = dict(self._tail)  # the previous blocks' last lines
+        for back in range(1, _HEADERLESS_LOOKBACK + 1):
+            no = first.line_no - back
+            if pos > self._lo:
+                b = block.rfind(b"\n", self._lo, pos - 1) + 1
+                raw = block[b : pos - 1]
+                pos = b
+            elif no in earlier:
+                raw = earlier[no]
+            else:
+                break
+            prev = self._parse(no, bytes(raw))
+            body = prev.body
+            if prev.key != first.key or not body.strip() or body[0] not in " \t":
+                break
+            start = prev
+        if start is not None:
+            self._tracker.start_earlier(start)
 
     def _try_frame_run(self, block: bytes, pos: int, n: int, line_no: int) -> int:
         """The end of a frame run at ``pos`` (``pos`` when there is none to take)."""

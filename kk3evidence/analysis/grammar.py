@@ -361,6 +361,9 @@ class TracebackState:
     # ends the frames even when a paste indented it (source lines sit deeper than frames).
     frame_indent: int | None = None
     header: LogLine | None = None  # the chain's first header line, as labelled (cut_tracebacks)
+    # The traceback began without a header in the log (an excerpt starting inside its frames):
+    # ``header`` is then its earliest line (the first frame, or source lines just above it).
+    headerless: bool = False
 
 
 @dataclass(slots=True)
@@ -402,6 +405,10 @@ class TracebackTracker:
         out = self._feed(line)
         if out.tb_role in ("header", "lead") and out.tb_index == 0:
             self._open[line.key].header = out
+        elif out.tb_role == "frame":
+            st = self._open[line.key]
+            if st.headerless and st.header is None:
+                st.header = out
         # Whatever state the line touched now lasts at least _LINGER_GLOBAL more lines.
         self._check_at = min(self._check_at, line.line_no + min(_LINGER_GLOBAL, _STALE_LINES))
         return out
@@ -439,7 +446,9 @@ class TracebackTracker:
             if st is None or st.phase == "after_exc":
                 chain = self._next_chain
                 self._next_chain += 1
-                st = TracebackState(chain=chain, index=0, phase="frames", last_seen=line.line_no)
+                st = TracebackState(
+                    chain=chain, index=0, phase="frames", last_seen=line.line_no, headerless=True
+                )
                 self._open[key] = st
                 self.chain_links[chain] = [None]
             st.phase = "frames"
@@ -484,9 +493,22 @@ class TracebackTracker:
         del self._open[key]
         return line
 
+    def headerless_start(self, line: LogLine) -> bool:
+        """``line`` is the first frame of a traceback whose header the log does not show."""
+        st = self._open.get(line.key)
+        return st is not None and st.headerless and st.header is line
+
+    def start_earlier(self, line: LogLine) -> None:
+        """The headerless traceback of ``line.key`` begins at ``line`` (source lines the
+        excerpt kept above its first frame)."""
+        st = self._open.get(line.key)
+        if st is not None and st.headerless:
+            st.header = _with_tb(line, "frame", st.chain, 0)
+
     def cut_tracebacks(self, last_line: int) -> list[LogLine]:
         """Header lines of tracebacks the log ends in: still reading frames at ``last_line``
-        (within two lines), their exception line never came (a cut log or excerpt)."""
+        (within two lines), their exception line never came (a cut log or excerpt). For a
+        traceback the excerpt began inside, its earliest line stands for the header."""
         return [
             st.header
             for st in self._open.values()

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from kk3evidence.analysis.grammar import parse_line
+from kk3evidence.analysis.grammar import LogLine, parse_line
 from kk3evidence.analysis.progress import MilestoneWatcher
 from kk3evidence.model import (
     Analysis,
@@ -49,6 +49,8 @@ __all__ = [
 STALL_RULE = "STALL001"
 _KEEP_LINES = 64
 _MAX_GAPS = 3
+_STAMP_ALL = 4000  # lines whose timestamps are all read; then one line per _STAMP_STEP bytes
+_STAMP_STEP = 2048
 _FULL_LINES = 4000
 _WORLD_RE = re.compile(rb"world_size=(\d{1,6}) rank=(\d{1,6})")
 _TS_RE = re.compile(r"^(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})$")
@@ -175,6 +177,8 @@ class HangScan:
         self._proc_rank: dict[str, int] = {}
         self._last_ts: tuple[int, datetime] | None = None
         self.gaps: list[tuple[float, int, int]] = []  # (seconds, after_line, at_line)
+        self._offset = 0  # bytes of the log scanned before the current block
+        self._stamped_cell = -1  # the last _STAMP_STEP cell whose first line was stamped
 
     @property
     def stage(self) -> str | None:
@@ -198,7 +202,7 @@ class HangScan:
         self._block(buf[: cut + 1])
 
     def finish(self) -> None:
-        if self._pending:
+        if self._pending and not self._watch.ready:
             self._block(self._pending + b"\n")
             self._pending = b""
 
@@ -209,26 +213,43 @@ class HangScan:
     def _block(self, block: bytes) -> None:
         base = self.lines
         newlines = block.count(b"\n")  # counted once: the watcher and the tail reuse it
-        # Ranks first (a rank's milestones in the same block must find it). Newlines are
+        # World lines first (a rank's milestones in the same block must find it). Newlines are
         # counted from the previous match on, not from the block start (a crash loop has many).
+        worlds: list[tuple[LogLine, int, int]] = []
         counted, at = 0, 0
         for wm in _WORLD_RE.finditer(block):
             s = block.rfind(b"\n", 0, wm.start()) + 1
             counted += block.count(b"\n", at, s)
             at = s
             line = parse_line(base + counted + 1, block[s : block.find(b"\n", s)])
-            ws, rank = int(wm.group(1)), int(wm.group(2))
+            worlds.append((line, int(wm.group(1)), int(wm.group(2))))
+        found = self._watch.feed_lines(block, 0.0, newlines=newlines)
+        # The scan stops at the ready line itself, wherever the block ends: what follows it
+        # in the same block counts no more than a later block would (the answer must not
+        # depend on how the log was cut into blocks).
+        stop = next((m.line_no for m in found if m.marks == "ready"), None)
+        for line, ws, rank in worlds:
+            if stop is not None and line.line_no > stop:
+                break
             self.world_size = max(self.world_size or 0, ws)
             r = self.ranks.setdefault(rank, _Rank(line.line_no, line.process, {}))
             r.milestones.setdefault("comm_group", line.line_no)
             if line.process:
                 self._proc_rank[line.process] = rank
-        for m in self._watch.feed_lines(block, 0.0, newlines=newlines):
+        for m in found:
+            if stop is not None and m.line_no > stop:
+                break
             who = m.rank if m.rank is not None else self._proc_rank.get(m.process or "")
             if who is not None and who in self.ranks and m.marks != "shutdown":
                 self.ranks[who].milestones.setdefault(m.stage, m.line_no)
         self.lines += newlines
+        if stop is not None:
+            end = 0
+            for _ in range(stop - base):
+                end = block.find(b"\n", end) + 1
+            block, newlines = block[:end], stop - base
         self._tail_and_gaps(block, base, newlines)
+        self._offset += len(block)
 
     def _tail_and_gaps(self, block: bytes, base: int, newlines: int) -> None:
         # Only the block's last lines matter for the tail; timestamps are looked at on lines
@@ -249,24 +270,34 @@ class HangScan:
         self._timestamps(block, base)
 
     def _timestamps(self, block: bytes, base: int) -> None:
-        # At most ~500 lines per block are looked at (a flood is sampled: its gaps are small),
-        # so the cost never grows with the number of lines.
+        # Every line of the log's first _STAMP_ALL lines is looked at; after them, only the
+        # first line that starts in each _STAMP_STEP bytes of the log (a flood is sampled: its
+        # gaps are small), so the cost never grows with the number of lines. Both are positions
+        # in the whole log, not in the block: the same log gives the same gaps however it was
+        # read (a pipe's reads, a budget, the block size).
         n = len(block)
-        step = max(1, n // 500)
+        off = self._offset
         pos, no = 0, base
         while pos < n:
+            if no >= _STAMP_ALL:
+                cell = (off + pos) // _STAMP_STEP
+                if cell == self._stamped_cell:  # this cell has its line: go to the next cell
+                    goal = (cell + 1) * _STAMP_STEP - off
+                    if goal >= n:
+                        break
+                    nxt = block.find(b"\n", goal - 1) + 1
+                    if nxt <= 0:
+                        break
+                    no += block.count(b"\n", pos, nxt)
+                    pos = nxt
+                    continue
+                self._stamped_cell = cell
             e = block.find(b"\n", pos)
             if e < 0:
                 break
             no += 1
             self._stamp(no, block[pos : min(e, pos + 200)])
-            nxt = e + 1
-            if step > 1 and nxt + step < n:
-                jump = block.rfind(b"\n", nxt, nxt + step)
-                if jump >= nxt:
-                    no += block.count(b"\n", nxt, jump + 1)
-                    nxt = jump + 1
-            pos = nxt
+            pos = e + 1
 
     def _stamp(self, no: int, head: bytes) -> None:
         if b":" not in head:

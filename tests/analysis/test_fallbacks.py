@@ -288,3 +288,49 @@ def test_a_bare_base_exception_line_is_a_fallback_but_a_bare_error_prefix_is_not
     ff = a.first_failure
     assert ff is not None and ff.rule == "EXC003" and ff.line_no == 2
     assert _an("INFO starting\nError: see the frob manual for details\n").first_failure is None
+
+
+def test_an_excerpt_of_frames_only_answers_its_first_line() -> None:
+    # A paste that starts inside a traceback (source and caret lines, then frames) and ends
+    # before the exception line (blind set 10: 12 such slices answered "no failure"): the
+    # traceback's earliest line in the log is the first statement of the failure (EXC011).
+    a = _an(
+        "INFO 01-01 00:00:00 [loader.py:1] Starting to load model /m\n"
+        "[rank0]:     model_output = self.model(input_ids, positions)\n"
+        "[rank0]:                    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        '[rank0]:   File "/v/torch/nn/modules/module.py", line 1751, in _wrapped_call_impl\n'
+        "[rank0]:     return self._call_impl(*args, **kwargs)\n"
+        '[rank0]:   File "/v/torch/_inductor/compile_fx.py", line 9, in fw_compiler_base\n'
+        "[rank0]:     return inner_compile(\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.rule == "EXC011" and ff.basis == "fallback"
+    assert ff.line_no == 2 and ff.category == "compile"  # inductor frames
+
+
+def test_a_blank_line_of_the_process_stops_the_walk_back_to_the_first_frame() -> None:
+    a = _an(
+        "(Worker_TP0 pid=624) \n"
+        '(Worker_TP0 pid=624)   File "/v/vllm/models/gpt_oss.py", line 1225, in load_weights\n'
+        "(Worker_TP0 pid=624)     return loader.load_weights(weights)\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.line_no == 2 and ff.rule == "EXC011"
+
+
+def test_a_frames_only_excerpt_gives_the_same_answer_in_any_block_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    head = "".join(f"INFO 01-01 00:00:{i % 60:02d} [x.py:1] filler line {i}\n" for i in range(300))
+    log = (
+        head
+        + "ERROR 03-22 09:50:04 [core.py:340]     compiled_fn, _ = create_aot_dispatcher(\n"
+        + 'ERROR 03-22 09:50:04 [core.py:340]   File "/v/torch/_functorch/aot.py", line 5, in f\n'
+        + "ERROR 03-22 09:50:04 [core.py:340]     return g(\n"
+    ).encode()
+    import io
+
+    ref = analyze(io.BytesIO(log)).to_json()
+    monkeypatch.setattr(engine, "BLOCK_SIZE", 64)
+    small = analyze(io.BytesIO(log)).to_json()
+    assert small == ref and ref["first_failure"]["line_no"] == 301

@@ -183,3 +183,47 @@ def test_the_milestone_watcher_follows_the_stage_as_the_log_grows() -> None:
             seen.append(m.stage)
     assert w.stage == "comm_group" and w.last is not None and "world_size=2" in w.last.text
     assert seen[0] == "container_init" and not w.ready
+
+
+def test_the_hang_scan_stops_at_the_ready_line_whatever_the_blocks() -> None:
+    # A ready line, then a rank's world line and later timestamps: none of them count (the
+    # scan stops at the ready line), read in one block or line by line (blind set 10's data
+    # showed ranks and gaps after `ready` counted only when they shared the ready line's block).
+    from kk3evidence.analysis.hang import HangScan
+
+    log = (
+        b"INFO 01-01 00:00:00 [api_server.py:1] Starting vLLM API server on http://0.0.0.0:8000\n"
+        b'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK\n'
+        b"INFO 01-01 05:00:00 [parallel_state.py:1] world_size=2 rank=1 local_rank=1 "
+        b"distributed_init_method=tcp://127.0.0.1:1 backend=nccl\n"
+        b"INFO 01-01 09:00:00 [x.py:1] much later\n"
+    )
+    results = []
+    for size in (len(log), 7):
+        scan = HangScan()
+        for i in range(0, len(log), size):
+            scan.feed(log[i : i + size])
+        scan.finish()
+        results.append((scan.ready, scan.world_size, dict(scan.ranks), scan.gaps))
+    assert results[0] == results[1]
+    assert results[0][0] and results[0][1] is None and results[0][3] == []
+
+
+def test_sampled_timestamps_give_the_same_gaps_in_any_block_size() -> None:
+    from kk3evidence.analysis.hang import HangScan
+
+    # one line a tenth of a second, and three hours of silence before line 5001
+    lines = [
+        f"INFO 01-01 {i // 5000 * 3:02d}:{i // 600 % 60:02d}:{i // 10 % 60:02d} [x.py:1] step {i}\n"
+        for i in range(6000)
+    ]
+    log = "".join(lines).encode()
+    gaps = []
+    for size in (len(log), 333, 4096):
+        scan = HangScan()
+        for i in range(0, len(log), size):
+            scan.feed(log[i : i + size])
+        scan.finish()
+        gaps.append(scan.gaps)
+    assert gaps[0] == gaps[1] == gaps[2]
+    assert gaps[0][0][0] > 7000  # the silence before line 5001 is found past the first 4000
