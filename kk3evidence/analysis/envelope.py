@@ -120,6 +120,11 @@ _SYSLOG_RE = re.compile(
     r"^(?P<ts>[A-Z][a-z]{2}\s+\d{1,2}\s+\d{2}:\d{2}:\d{2})\s+(?P<host>\S+)\s+"
     r"(?P<unit>[A-Za-z0-9_.@/-]+)(?:\[(?P<pid>\d+)\])?:\s?"
 )
+# journalctl under a CJK locale writes the month as a number: "6月 10 16:45:05 host bash[1]: "
+_SYSLOG_CJK_RE = re.compile(
+    r"^(?P<ts>\d{1,2}月\s+\d{1,2}\s+\d{2}:\d{2}:\d{2})\s+(?P<host>\S+)\s+"
+    r"(?P<unit>[A-Za-z0-9_.@/-]+)(?:\[(?P<pid>\d+)\])?:\s?"
+)
 # docker compose "svc-1  | ", Buildkite "  | " (no name)
 _COMPOSE_RE = re.compile(r"^(?:(?P<svc>[A-Za-z0-9][A-Za-z0-9_.-]*)\s+|[>\"\s]*)\|\s?")
 # `kubectl logs --prefix`: "[pod/<name>/<container>] ".
@@ -646,6 +651,24 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note="syslog / journalctl: date, host, unit[pid]",
+    ),
+    EnvelopeFormat(
+        name="syslog_cjk",
+        layer="wrapper",
+        guard=Guard(first=str.isdigit, literal="月", within=(1, 3)),
+        regex=_SYSLOG_CJK_RE,
+        apply=_y_syslog,
+        yields=("wrapper", "timestamp"),
+        samples=(
+            Sample(
+                line=(
+                    "6月 10 16:45:05 ma-MS-TZZ-Z690M bash[107468]:     return await "
+                    "self.chat_completion_full_generator("
+                ),
+                body="    return await self.chat_completion_full_generator(",
+            ),
+        ),
+        note="journalctl under a Chinese or Japanese locale (month as a number and 月)",
     ),
     EnvelopeFormat(
         name="torchrun",

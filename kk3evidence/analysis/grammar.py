@@ -338,6 +338,9 @@ def is_tb_header(stripped: str) -> bool:
 _FRAME_RE = re.compile(r"^\s+File \"[^\"]*\", line \d+")
 # Inside an open traceback a frame line may have lost its indentation (a re-indented paste).
 _ANY_FRAME_RE = re.compile(r"^[ \t]*File \"[^\"]*\", line [0-9]+")
+# ... and such a paste may start with one: a whole frame line at column 0 (function name
+# included) opens a headerless traceback too (blind sets 10 and 11 had two such excerpts).
+_BARE_FRAME_RE = re.compile(r"^File \"[^\"]*\", line [0-9]+, in [^\s]")
 # An exception line as a paste may re-indent it: a dotted class name whose last part is
 # capitalised, alone or followed by ": " (source lines are lowercase or carry code after it).
 INDENTED_EXC_RE = re.compile(r"^[ \t]+(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::(?:[ \t]|$)|$)")
@@ -441,7 +444,7 @@ class TracebackTracker:
             role = "header" if stripped == TB_HEADER or stripped.startswith("╭") else "lead"
             return _with_tb(line, role, st.chain, st.index)
 
-        if (st is None or st.phase != "frames") and _FRAME_RE.match(body):
+        if (st is None or st.phase != "frames") and _opens_frames(body):
             # A frame without a header (an excerpt, or a header we did not see): track it.
             if st is None or st.phase == "after_exc":
                 chain = self._next_chain
@@ -524,6 +527,11 @@ class TracebackTracker:
     def tick(self, line_no: int) -> None:
         """Tell the tracker that lines up to ``line_no`` passed without being fed."""
         self._expire(line_no)
+
+
+def _opens_frames(body: str) -> bool:
+    """A frame line that may begin a traceback whose header the log does not show."""
+    return _FRAME_RE.match(body) is not None or _BARE_FRAME_RE.match(body) is not None
 
 
 def indent_of(body: str) -> int:

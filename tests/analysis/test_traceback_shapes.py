@@ -64,8 +64,12 @@ def test_lines_indented_deeper_than_the_frames_stay_frames() -> None:
 def test_a_file_line_that_lost_its_indentation_is_a_frame_inside_a_traceback_only() -> None:
     inside = 'Traceback (most recent call last):\nFile "/a/x.py", line 1, in f\nKeyError: 1'
     assert _roles(inside) == ["header", "frame", "exception"]
-    # Outside a traceback a column-0 File line does not open one (it may be any message).
-    assert _roles('File "/a/x.py", line 1, in f\nINFO ready') == [None, None]
+    # Outside a traceback a column-0 File line opens one only when it is a whole frame line
+    # (function name included: a paste that lost its indentation, blind sets 10 and 11); the
+    # line after it then ends the frames, and a log that states nothing stays clean.
+    assert _roles('File "/a/x.py", line 1\nINFO ready') == [None, None]
+    assert _roles('File "/a/x.py", line 1, in f\nINFO ready') == ["frame", "exception"]
+    assert analyze('File "/a/x.py", line 1, in f\nINFO ready\n').first_failure is None
 
 
 def test_an_indented_message_line_at_the_frame_indent_needs_the_exception_shape() -> None:
