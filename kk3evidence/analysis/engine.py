@@ -801,17 +801,18 @@ class AnalysisEngine:
         inside the frames keeps them) are its start, for a log that ends inside it (EXC011)."""
         start = None
         pos = s
-        earlier = dict(self._tail)  # the previous blocks' last lines
+        earlier: dict[int, Any] | None = None  # the previous blocks' last lines, when needed
         for back in range(1, _HEADERLESS_LOOKBACK + 1):
             no = first.line_no - back
             if pos > self._lo:
                 b = block.rfind(b"\n", self._lo, pos - 1) + 1
                 raw = block[b : pos - 1]
                 pos = b
-            elif no in earlier:
-                raw = earlier[no]
             else:
-                break
+                earlier = dict(self._tail) if earlier is None else earlier
+                if no not in earlier:
+                    break
+                raw = earlier[no]
             prev = self._parse(no, bytes(raw))
             body = prev.body
             if prev.key != first.key or not body.strip() or body[0] not in " \t":

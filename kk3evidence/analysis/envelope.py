@@ -116,15 +116,14 @@ _K8S_ISO_RE = re.compile(
     r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
     r"(?:\s+(?:stdout|stderr)\s+[FP])?\s+"
 )
-_SYSLOG_RE = re.compile(
-    r"^(?P<ts>[A-Z][a-z]{2}\s+\d{1,2}\s+\d{2}:\d{2}:\d{2})\s+(?P<host>\S+)\s+"
+# after the month: day, time, host, unit[pid]
+_SYSLOG_REST = (
+    r"\s+\d{1,2}\s+\d{2}:\d{2}:\d{2})\s+(?P<host>\S+)\s+"
     r"(?P<unit>[A-Za-z0-9_.@/-]+)(?:\[(?P<pid>\d+)\])?:\s?"
 )
+_SYSLOG_RE = re.compile(r"^(?P<ts>[A-Z][a-z]{2}" + _SYSLOG_REST)
 # journalctl under a CJK locale writes the month as a number: "6月 10 16:45:05 host bash[1]: "
-_SYSLOG_CJK_RE = re.compile(
-    r"^(?P<ts>\d{1,2}月\s+\d{1,2}\s+\d{2}:\d{2}:\d{2})\s+(?P<host>\S+)\s+"
-    r"(?P<unit>[A-Za-z0-9_.@/-]+)(?:\[(?P<pid>\d+)\])?:\s?"
-)
+_SYSLOG_CJK_RE = re.compile(r"^(?P<ts>\d{1,2}月" + _SYSLOG_REST)
 # docker compose "svc-1  | ", Buildkite "  | " (no name)
 _COMPOSE_RE = re.compile(r"^(?:(?P<svc>[A-Za-z0-9][A-Za-z0-9_.-]*)\s+|[>\"\s]*)\|\s?")
 # `kubectl logs --prefix`: "[pod/<name>/<container>] ".

@@ -408,10 +408,6 @@ class TracebackTracker:
         out = self._feed(line)
         if out.tb_role in ("header", "lead") and out.tb_index == 0:
             self._open[line.key].header = out
-        elif out.tb_role == "frame":
-            st = self._open[line.key]
-            if st.headerless and st.header is None:
-                st.header = out
         # Whatever state the line touched now lasts at least _LINGER_GLOBAL more lines.
         self._check_at = min(self._check_at, line.line_no + min(_LINGER_GLOBAL, _STALE_LINES))
         return out
@@ -445,19 +441,7 @@ class TracebackTracker:
             return _with_tb(line, role, st.chain, st.index)
 
         if (st is None or st.phase != "frames") and _opens_frames(body):
-            # A frame without a header (an excerpt, or a header we did not see): track it.
-            if st is None or st.phase == "after_exc":
-                chain = self._next_chain
-                self._next_chain += 1
-                st = TracebackState(
-                    chain=chain, index=0, phase="frames", last_seen=line.line_no, headerless=True
-                )
-                self._open[key] = st
-                self.chain_links[chain] = [None]
-            st.phase = "frames"
-            st.last_seen = line.line_no
-            st.frame_indent = indent_of(body)
-            return _with_tb(line, "frame", st.chain, st.index)
+            return self._frame_without_header(st, line)
         if st is None:
             return line
         st.last_seen = line.line_no
@@ -495,6 +479,26 @@ class TracebackTracker:
             return line
         del self._open[key]
         return line
+
+    def _frame_without_header(self, st: TracebackState | None, line: LogLine) -> LogLine:
+        """A frame line while no traceback of its process reads frames (an excerpt that begins
+        inside one, or a header we did not see): track it, opening a headerless traceback
+        unless a chained one awaits its frames."""
+        if st is None or st.phase == "after_exc":
+            chain = self._next_chain
+            self._next_chain += 1
+            st = TracebackState(
+                chain=chain, index=0, phase="frames", last_seen=line.line_no, headerless=True
+            )
+            self._open[line.key] = st
+            self.chain_links[chain] = [None]
+        st.phase = "frames"
+        st.last_seen = line.line_no
+        st.frame_indent = indent_of(line.body)
+        out = _with_tb(line, "frame", st.chain, st.index)
+        if st.headerless and st.header is None:
+            st.header = out  # its first frame, until source lines above it are found
+        return out
 
     def headerless_start(self, line: LogLine) -> bool:
         """``line`` is the first frame of a traceback whose header the log does not show."""
