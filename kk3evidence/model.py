@@ -208,6 +208,21 @@ class FailureContext:
 
 
 @dataclass(frozen=True, slots=True)
+class ServingStall:
+    """A serving stall seen in vLLM's stats lines (``analysis/serving_stall.py``): the first
+    run of consecutive zero-throughput lines of one engine with requests running — its first
+    and last line, how many stats lines, the requests running at its start, the engine id
+    (V1's ``Engine 000``; ``None`` for V0) and the first line's raw text."""
+
+    first_line: int
+    last_line: int
+    lines: int
+    running: int
+    engine: str | None
+    text: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class AnalysisExtra:
     """What the engine knows beyond SPEC §4's top-level keys.
 
@@ -225,6 +240,8 @@ class AnalysisExtra:
     long_lines_truncated: int = 0  # lines cut to the kept length
     shutdown_requested_line: int | None = None
     ready_line: int | None = None
+    #: the first run of zero-progress stats lines with requests running (analysis/serving_stall)
+    serving_stall: ServingStall | None = None
 
     @classmethod
     def from_finding_json(cls, entry: object) -> AnalysisExtra:

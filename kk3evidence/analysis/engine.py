@@ -30,18 +30,28 @@ from kk3evidence.analysis.causality import HintEvent, Resolution, StageEvidence,
 from kk3evidence.analysis.classify import Classified, Classifier
 from kk3evidence.analysis.engine_config import EngineConfigCollector
 from kk3evidence.analysis.grammar import (
-    RICH_TB_HEADER,
+    IPY_FRAME_MARKS,
     TB_HEADER,
+    TB_MARK,
     LogLine,
     TracebackState,
     TracebackTracker,
     decode_line,
+    is_filler,
+    is_interleaved_frames,
     parse_line,
 )
 from kk3evidence.analysis.hang import HangScan, HeldHangScan, StallInputs, apply_hang
-from kk3evidence.analysis.lastresort import ErrorLineCollector, cut_traceback, last_resort
+from kk3evidence.analysis.lastresort import (
+    ErrorLineCollector,
+    continued_record,
+    cut_traceback,
+    interleaved_dump,
+    last_resort,
+)
 from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, StageHints, load_rules, load_stage_hints
+from kk3evidence.analysis.serving_stall import ServingStallWatch
 from kk3evidence.analysis.stall_inputs import bundle_stall_inputs
 from kk3evidence.bundle.archive import open_bundle
 from kk3evidence.errors import InputError
@@ -56,12 +66,14 @@ MAX_HINTS = 20000  # stage-hint lines kept (rules/stage-hints.toml)
 MAX_CONTEXTS = 200  # failure lines whose surrounding lines are kept for the report
 MAX_KEPT_TEXT = 8192  # characters of a finding's line kept (longer lines are data dumps)
 
-# Not rule anchors: they start traceback tracking (Python's header and rich's boxed one).
-_STRUCTURAL_ANCHORS = (TB_HEADER, RICH_TB_HEADER)
-# The frame mark is no prefilter anchor: inside a traceback every line is looked at anyway (the
-# frame runs pass thousands of them at C speed in a dense crash), so outside one the next frame
-# mark is found with bytes.find instead of reporting every frame line of the block.
-_FRAME_MARK = b'File "'
+# Not rule anchors: they start traceback tracking (Python's header, rich's boxed one, IPython's).
+_STRUCTURAL_ANCHORS = (TB_MARK,)
+# The frame marks are no prefilter anchors: inside a traceback every line is looked at anyway
+# (the frame runs pass thousands of them at C speed in a dense crash), so outside one the next
+# frame mark is found with Hyperscan (or bytes.find) instead of reporting every frame line.
+# Python's frame first; IPython's column-0 frames (an excerpt that begins in a notebook's
+# traceback) after it.
+_FRAME_MARKS_LIT = (b'File "', *(m.encode() for m in IPY_FRAME_MARKS))
 # Source and caret lines looked at above a traceback's first frame when its header is not in
 # the log (a frame echoes one source line and up to one caret line).
 _HEADERLESS_LOOKBACK = 3
@@ -153,7 +165,9 @@ def _frame_mark_scanner() -> LiteralScanner | None:
     (each engine's clone has scratch space of its own); ``None`` means ``bytes.find``."""
     if not _FRAME_MARKS:
         try:
-            scanner = LiteralScanner([_FRAME_MARK], single=[True], engine="hyperscan").prepare()
+            scanner = LiteralScanner(
+                list(_FRAME_MARKS_LIT), single=[True] * len(_FRAME_MARKS_LIT), engine="hyperscan"
+            ).prepare()
         except Exception:  # Hyperscan missing or unusable
             scanner = None
         _FRAME_MARKS.append(scanner)
@@ -303,6 +317,8 @@ class AnalysisEngine:
         self._env_memo_bytes = 0  # raw bytes of the lines in _env_memo
         self._engine_config = EngineConfigCollector()  # what vLLM reports it runs with
         self._error_lines = ErrorLineCollector()  # the last resort's candidates (lastresort.py)
+        self._serving_stall = ServingStallWatch()  # requests running, no token (serving_stall)
+        self._interleaved: LogLine | None = None  # the first line of mixed stack dumps (EXC012)
 
     @property
     def prefilter_engine(self) -> str:
@@ -388,6 +404,7 @@ class AnalysisEngine:
             long_lines_truncated=self._long_lines,
             shutdown_requested_line=self._shutdown_line,
             ready_line=self._ready_line,
+            serving_stall=self._serving_stall.stall,
         )
         return Analysis(
             source=self.source,
@@ -409,10 +426,25 @@ class AnalysisEngine:
             self._error_lines.lines, self._c.classifier, shutdown_line=down, parse=self._parse
         )
         cut = cut_traceback(
-            self._tracker.cut_tracebacks(self.lines), self._c.classifier, shutdown_line=down
+            self._tracker.cut_tracebacks(self._last_said()), self._c.classifier, shutdown_line=down
         )
-        found = [h for h in (error_line, cut) if h is not None]
-        return min(found, key=lambda h: h.line.line_no) if found else None
+        mixed = interleaved_dump(self._interleaved, self._c.classifier, shutdown_line=down)
+        found = [h for h in (error_line, cut, mixed) if h is not None]
+        if not found:
+            return continued_record(
+                self._error_lines.lines, self._c.classifier, shutdown_line=down, parse=self._parse
+            )
+        return min(found, key=lambda h: h.line.line_no)
+
+    def _last_said(self) -> int:
+        """The log's last line that says something: blank lines and a paste's elision marker
+        ("[ ...... ]") at its end are no more log after a traceback that was cut."""
+        last = self.lines
+        for no, raw in reversed(self._tail):
+            if no != last or not is_filler(decode_line(bytes(raw))):
+                break
+            last = no - 1
+        return last
 
     def _resolve(self) -> Resolution:
         return resolve(
@@ -438,6 +470,7 @@ class AnalysisEngine:
         self._lo, self._hi = lo, n
         self._engine_config.scan(block, lo, n, base)
         self._error_lines.scan(block, lo, n, base)
+        self._serving_stall.scan(block, lo, n, base)
         firsts, others = _split_hits(c.prefilter.scan(block, lo, n), c.single)
         self._frame_at = -1
         tracker = self._tracker
@@ -531,10 +564,14 @@ class AnalysisEngine:
         the first (several GB/s); ``bytes.find`` runs at ~1 GB/s through access-log lines."""
         marks = self._frame_marks
         if marks is None:
-            at = block.find(_FRAME_MARK, pos, n)
-            return n if at < 0 else at
+            best = n
+            for mark in _FRAME_MARKS_LIT:
+                at = block.find(mark, pos, best)
+                if at >= 0:
+                    best = at
+            return best
         hits = marks.hits(block, pos, n)
-        return hits[0][0] - len(_FRAME_MARK) if hits else n
+        return min((end - len(_FRAME_MARKS_LIT[aid]) for end, aid in hits), default=n)
 
     def _context_bookkeeping(
         self, block: bytes, lo: int, n: int, *, base: int, nl_total: int, ends_nl: bool
@@ -651,6 +688,8 @@ class AnalysisEngine:
             return
         if line.tb_role in ("header", "separator"):
             return
+        if self._interleaved is None and line.tb_role in (None, "exception"):
+            self._interleaved = line if is_interleaved_frames(line.body) else None
         if (
             anchor_ids
             and not self._c.hint_ids.isdisjoint(anchor_ids)
@@ -1239,6 +1278,7 @@ def analyze(
     context: int = 3,
     stall_inputs: StallInputs | None = None,
     budget: Budget | None = None,
+    stopped: bool = False,
 ) -> Analysis:
     """Analyse a bundle path (.tar/.tar.gz/.tgz), a log path, ``"-"`` (stdin), log text (a
     ``str`` holding a newline), a binary file object, raw bytes, or an iterable of
@@ -1248,23 +1288,26 @@ def analyze(
     never a traceback for the content of a log. ``stall_inputs`` (a capture in progress) or a
     bundle's own members add stage durations and stall snapshots (:mod:`.hang`).
     ``budget`` bounds what is read and analysed (:mod:`.budget`); the result then says what
-    it covered in ``coverage``.
+    it covered in ``coverage``. ``stopped``: the caller knows the run is over where the log
+    ends (a plain log then gets the stall verdict of SPEC §2 as a bundle would).
     """
     name, blocks = _blocks_for(source)
     eng = AnalysisEngine(label or name, ruleset, engine=engine, context=context)
     scan = HeldHangScan()  # scanned only as far as the verdict needs (see HeldHangScan)
+    inputs = stall_inputs or bundle_stall_inputs(source)
+    if stopped:
+        inputs = replace(inputs or StallInputs(), stopped=True)
     if budget is not None:
-        return _analyze_budgeted(blocks, budget, eng, scan, stall_inputs=stall_inputs,
-                                 source=source)
+        return _analyze_budgeted(blocks, budget, eng, scan, stall_inputs=inputs)
     for block in blocks:
         eng.feed(block)
         scan.feed(block)
-    return apply_hang(eng.finish(), scan, stall_inputs or bundle_stall_inputs(source))
+    return apply_hang(eng.finish(), scan, inputs)
 
 
 def _analyze_budgeted(
     blocks: Iterator[bytes], budget: Budget, eng: AnalysisEngine, scan: HangScan,
-    *, stall_inputs: StallInputs | None, source: object,
+    *, stall_inputs: StallInputs | None,
 ) -> Analysis:
     """:func:`analyze` within ``budget``; the result carries its coverage (issue 16)."""
     pieces, tally = budgeted(blocks, budget)
@@ -1275,7 +1318,7 @@ def _analyze_budgeted(
             continue
         eng.feed(piece.data)
         scan.feed(piece.data)
-    result = apply_hang(eng.finish(), scan, stall_inputs or bundle_stall_inputs(source))
+    result = apply_hang(eng.finish(), scan, stall_inputs)
     cov = coverage(tally, budget)
     # Only a partial analysis says so: a whole one looks exactly as without a budget.
     return result if cov.complete else replace(result, coverage=cov.to_json())

@@ -132,6 +132,11 @@ _KUBECTL_RE = re.compile(
 )
 # A pasted/quoted log: markdown block quotes ("> ", "> > ") in front of the real line.
 _QUOTE_RE = re.compile(r"^(?:>[ \t]?)+(?=\S)")
+# A paste indented as a whole (a markdown list item, a code block nested in a quote): leading
+# blanks before a vLLM process tag. Only before the tag: a bare indented line may be a frame.
+_INDENTED_RE = re.compile(
+    r"^[ \t]{1,24}(?=\([A-Za-z][A-Za-z0-9_\-]*(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3}\s+pid=\d)"
+)
 _BRACKET_TS_RE = re.compile(
     r"^\[(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\]\s+"
 )
@@ -486,6 +491,26 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note="a pasted log: markdown block quotes",
+    ),
+    EnvelopeFormat(
+        name="indented",
+        layer="wrapper",
+        guard=Guard(first=frozenset(" \t"), literal="pid=", within=(1, 96)),
+        regex=_INDENTED_RE,
+        apply=_y_nothing,
+        yields=(),
+        samples=(
+            Sample(
+                line=(
+                    "        (Worker_DP0_TP0_EP0 pid=5609) ERROR 06-04 12:45:50 "
+                    "[v1/executor/multiproc_executor.py:932]     return func(*args, **kwargs)"
+                ),
+                body="    return func(*args, **kwargs)",
+                process="Worker_DP0_TP0_EP0 pid=5609",
+                level="ERROR",
+            ),
+        ),
+        note="a paste indented as a whole: blanks before a vLLM process tag",
     ),
     EnvelopeFormat(
         name="compose",

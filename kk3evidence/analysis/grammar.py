@@ -320,6 +320,8 @@ def compile_pattern(pattern: str) -> CompiledPattern:
 # --------------------------------------------------------------------------------------------
 
 TB_HEADER = "Traceback (most recent call last):"
+#: what every traceback header holds (Python's, rich's and IPython's)
+TB_MARK = "Traceback (most recent call last)"
 # rich's (and typer's) boxed traceback: `╭──── Traceback (most recent call last) ────╮`, frames in
 # `│ … │` rows, `╰───╯`, then the exception line outside the box.
 RICH_TB_HEADER = "Traceback (most recent call last) ─"
@@ -329,10 +331,38 @@ TB_DURING_HANDLING = "During handling of the above exception, another exception 
 
 
 def is_tb_header(stripped: str) -> bool:
-    """A traceback's header: Python's own, or rich's boxed one."""
-    return stripped.endswith(TB_HEADER) or (
-        stripped.startswith("╭") and RICH_TB_HEADER in stripped
+    """A traceback's header: Python's own, rich's boxed one, or IPython's."""
+    return (
+        stripped.endswith(TB_HEADER)
+        or (stripped.startswith("╭") and RICH_TB_HEADER in stripped)
+        or (stripped.endswith(TB_MARK) and _IPY_HEADER_RE.match(stripped) is not None)
     )
+
+
+# IPython / Jupyter tracebacks (vLLM's offline `LLM(...)` run in a notebook): a header that names
+# the exception class (`RayActorError      Traceback (most recent call last)`, no colon), frames
+# as `File /path/x.py:89, in LLM.__init__(self, …)` (JupyterLab renders the path as a link:
+# `File [/path/x.py:195](…), in …`), the cell as `Cell In[3], line 1` (IPython 8.0-8.3:
+# `Input In [3], in <cell line: 1>()`; IPython 7: `<ipython-input-3-…> in <module>`), numbered
+# source lines with the current one marked `--> 195` at column 0, the exception line last.
+_IPY_HEADER_RE = re.compile(r"^[A-Za-z_][\w.]*\s+Traceback \(most recent call last\)$")
+_IPY_FRAME_RE = re.compile(
+    r"^(?:File \[?(?:/|~|\.|[A-Za-z]:[\\/]).*?:\d+(?:\]\([^)\s]*\))?, in \S"
+    r"|Cell In ?\[\d+\], line \d+"
+    r"|Input In ?\[\d+\], in \S"
+    r"|<ipython-input-[\w-]+> in \S)"
+)
+_IPY_FRAME_HEADS = frozenset("FCI<")
+_IPY_SOURCE_RE = re.compile(r"^-+> ?\s*\d+\b")
+#: literal marks of a frame line at column 0 in IPython's format (the engine looks for them
+#: where no anchor makes it look at a line: an excerpt that begins in an IPython traceback)
+IPY_FRAME_MARKS = ("File /", "File [", "File ~", "Cell In[", "Input In [", "<ipython-input-")
+# A paste's elision marker inside the frames ("...", "[ ...... ]", "<snip>", "[truncated]"):
+# frames may follow it, and it is no exception line.
+_ELISION_RE = re.compile(
+    r"^\s*[\[(<]?\s*(?:(?:\.\s*){2,}|…+|snip(?:ped)?|truncated|omitted|elided)\s*[\])>]?\s*$",
+    re.I,
+)
 
 
 _FRAME_RE = re.compile(r"^\s+File \"[^\"]*\", line \d+")
@@ -437,7 +467,9 @@ class TracebackTracker:
                         del self.chain_links[old]
             # "Exception in worker ...: <error>, Traceback (most recent call last):" (old vLLM)
             # opens a traceback but is itself a message line: role "lead" stays classifiable.
-            role = "header" if stripped == TB_HEADER or stripped.startswith("╭") else "lead"
+            role = "lead"
+            if stripped == TB_HEADER or stripped.startswith("╭") or stripped.endswith(TB_MARK):
+                role = "header"
             return _with_tb(line, role, st.chain, st.index)
 
         if (st is None or st.phase != "frames") and _opens_frames(body):
@@ -453,6 +485,8 @@ class TracebackTracker:
                 st.frame_indent = indent_of(body)
                 return _with_tb(line, "frame", st.chain, st.index)
             if (not body or body[0] in " \t") and not ends_frames(st, body):
+                return _with_tb(line, "frame", st.chain, st.index)
+            if _ipython_frame_line(body) or _ELISION_RE.match(body):
                 return _with_tb(line, "frame", st.chain, st.index)
             st.phase = "after_exc"
             st.after_count = 0
@@ -535,7 +569,33 @@ class TracebackTracker:
 
 def _opens_frames(body: str) -> bool:
     """A frame line that may begin a traceback whose header the log does not show."""
-    return _FRAME_RE.match(body) is not None or _BARE_FRAME_RE.match(body) is not None
+    return (
+        _FRAME_RE.match(body) is not None
+        or _BARE_FRAME_RE.match(body) is not None
+        or (body[:1] in _IPY_FRAME_HEADS and _IPY_FRAME_RE.match(body) is not None)
+    )
+
+
+def is_interleaved_frames(body: str) -> bool:
+    """Frame text of several stack dumps written at once into one stream (faulthandler dumps
+    of many crashing processes, or tracebacks escaped into one line), mixed within a line: two
+    or more ``File `` and ``, line`` pieces in a line that is not itself a frame line."""
+    if body.count("File ") < 2 or body.count(", line") < 2:
+        return False
+    return not body.lstrip().startswith('File "')
+
+
+def is_filler(text: str) -> bool:
+    """A blank line or a paste's elision marker: says nothing of its own."""
+    return not text.strip() or _ELISION_RE.match(text) is not None
+
+
+def _ipython_frame_line(body: str) -> bool:
+    """An IPython frame or marked source line (``--> 195 …``) at column 0."""
+    head = body[:1]
+    if head == "-":
+        return _IPY_SOURCE_RE.match(body) is not None
+    return head in _IPY_FRAME_HEADS and _IPY_FRAME_RE.match(body) is not None
 
 
 def indent_of(body: str) -> int:

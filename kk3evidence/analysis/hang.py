@@ -27,6 +27,7 @@ from kk3evidence.model import (
     Finding,
     JSONValue,
     RuleInfo,
+    ServingStall,
     StageSpan,
     json_list,
     json_object,
@@ -34,6 +35,7 @@ from kk3evidence.model import (
 )
 
 __all__ = [
+    "SERVING_STALL_RULE",
     "STALL_RULE",
     "HangScan",
     "HeldHangScan",
@@ -47,6 +49,8 @@ __all__ = [
 
 #: the rule id a stall verdict carries (no rule file line matched: the verdict is the engine's)
 STALL_RULE = "STALL001"
+#: ... and a serving stall's (requests running, no token: analysis/serving_stall.py)
+SERVING_STALL_RULE = "STALL002"
 _KEEP_LINES = 64
 _MAX_GAPS = 3
 _STAMP_ALL = 4000  # lines whose timestamps are all read; then one line per _STAMP_STEP bytes
@@ -95,6 +99,9 @@ class StallInputs:
     snapshots: tuple[Mapping[str, Any], ...] = ()
     #: ``lines.tsv`` blocks (a fresh iterator per call), or None
     lines_tsv: Callable[[], Iterable[bytes]] | None = None
+    #: the caller knows the run is over where the log ends (``analyze --stopped``): a plain
+    #: log then counts as a stopped run, as a bundle's launch record makes it one
+    stopped: bool = False
 
 
 def receive_times(blocks: Iterable[bytes], wanted: Iterable[int]) -> dict[int, float]:
@@ -445,6 +452,9 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
         times = receive_times(inputs.lines_tsv(), wanted)
         ended = _ended(inputs.launch)
         analysis = replace(analysis, stages=stage_durations(analysis, times, ended))
+    serving = analysis.extra.serving_stall
+    if analysis.first_failure is None and serving is not None:
+        return _serving_verdict(analysis, serving)
     if not stalled:
         return analysis
     last = _last_progress(scan, _progress_limit(analysis, inputs, times))
@@ -469,7 +479,9 @@ def _stalled(analysis: Analysis, inputs: StallInputs) -> bool:
     exited_ok = launch is not None and launch.get("exit_code") == 0
     # From a log alone (a slice, maybe) a start-up without ready line may simply go on: only a
     # stop requested before ready is evidence. A bundle knows how the run ended.
-    stopped = launch is not None or analysis.extra.shutdown_requested_line is not None
+    stopped = (
+        launch is not None or inputs.stopped or analysis.extra.shutdown_requested_line is not None
+    )
     started = analysis.last_stage_reached is not None or bool(snapshots)
     return not (ready or exited_ok or not started or not (stopped or snapshots))
 
@@ -516,15 +528,72 @@ def _stall_record(
     return stall
 
 
+def _serving_verdict(analysis: Analysis, serving: ServingStall) -> Analysis:
+    """The log states no failure, but the engine's stats lines show requests running and no
+    token processed for :data:`~.serving_stall.MIN_LINES` intervals or more in a row."""
+    line = parse_line(serving.first_line, serving.text)
+    who = f"engine {serving.engine}" if serving.engine is not None else "the engine"
+    span = (
+        f"lines {serving.first_line}-{serving.last_line}"
+        if serving.last_line != serving.first_line
+        else f"line {serving.first_line}"
+    )
+    summary = (
+        f"{who} stopped making progress while serving: {serving.running} request(s) running "
+        f"and 0 tokens/s prompt and generation throughput on {serving.lines} stats lines in a "
+        f"row ({span}), with no error logged"
+    )
+    stall: dict[str, Any] = {
+        "stage": "serving",
+        "since_line": serving.first_line,
+        "last_progress_line": line.text,
+        "process": line.process,
+        "since": None,
+        "until_line": serving.last_line,
+        "stats_lines": serving.lines,
+        "requests_running": serving.running,
+        "engine": serving.engine,
+        "world_size": None,
+        "ranks": [],
+        "missing_ranks": [],
+        "gaps": [],
+        "processes": [],
+        "snapshots": [],
+        "summary": summary,
+        "next_steps": [
+            "Dump the server's stacks while it is stuck (`py-spy dump --pid <engine core pid>`, "
+            "or run it under `kk3evidence capture`, which snapshots stalls): a worker waiting "
+            "in a collective or on a lock says which step never finished.",
+            "Look for the request that started it (the access log just before the first stats "
+            "line) and retry it alone; with several GPUs, rerun with NCCL_DEBUG=INFO and "
+            "compare the ranks' last lines.",
+        ],
+    }
+    return _with_verdict(
+        analysis, stall, (serving.first_line, line.text, line.process),
+        rule=SERVING_STALL_RULE,
+        name="serving-stopped-moving",
+        why="Requests are running but no token was processed in whole stats intervals, and no "
+        "line states a failure: the engine stopped stepping (a hung collective, a deadlock, a "
+        "request waiting forever).",
+    )
+
+
 def _with_verdict(
-    analysis: Analysis, stall: dict[str, Any], last: tuple[int, str, str | None]
+    analysis: Analysis,
+    stall: dict[str, Any],
+    last: tuple[int, str, str | None],
+    *,
+    rule: str = STALL_RULE,
+    name: str = "start-up-stopped-moving",
+    why: str = "The run never became ready and no line states a failure: progress stopped.",
 ) -> Analysis:
     """``first_failure`` = the stall (basis ``stall``, category ``hang``) at the last progress."""
     no, text, proc = last
     stage = str(stall["stage"])
     finding = Finding(
         line_no=no,
-        rule=STALL_RULE,
+        rule=rule,
         stage=stage,
         category="hang",
         kind="failure",
@@ -537,9 +606,9 @@ def _with_verdict(
     kept = [f for f in analysis.findings if f.line_no != no]
     findings = tuple(sorted((*kept, finding), key=lambda f: f.line_no))
     extra = replace(analysis.extra, rule=RuleInfo(
-        name="start-up-stopped-moving",
+        name=name,
         summary=stall["summary"],
-        why="The run never became ready and no line states a failure: progress stopped.",
+        why=why,
         next_steps=tuple(stall["next_steps"]),
         severity="fatal",
     ))
@@ -630,6 +699,12 @@ def describe_stall(stall: Mapping[str, JSONValue]) -> list[str]:
     """Plain lines about a stall (for the analyze text and the report): where and since when,
     the rank × milestone matrix, what each process waited in, the largest gaps."""
     out = [f"Progress stopped in {stall.get('stage')} after line {stall.get('since_line')}"]
+    if stall.get("stats_lines"):  # a serving stall (serving_stall.py)
+        out = [
+            f"Progress stopped in serving at line {stall.get('since_line')}: "
+            f"{stall.get('requests_running')} request(s) running, 0 tokens/s on "
+            f"{stall.get('stats_lines')} stats lines in a row (to line {stall.get('until_line')})"
+        ]
     if stall.get("since"):
         silent = stall.get("silent_s")
         tail = f", silent for {silent:.0f} s" if isinstance(silent, int | float) else ""

@@ -29,16 +29,20 @@ from kk3evidence.analysis.grammar import LogLine, parse_line
 
 __all__ = [
     "CUT_RULE_ID",
+    "INTERLEAVED_RULE_ID",
     "MAX_LINES",
     "RULE_ID",
     "ErrorLineCollector",
+    "continued_record",
     "cut_traceback",
+    "interleaved_dump",
     "is_error_level",
     "last_resort",
 ]
 
 RULE_ID = "EXC010"
 CUT_RULE_ID = "EXC011"  # a traceback the log ends in, before its exception line
+INTERLEAVED_RULE_ID = "EXC012"  # stack-dump text of several processes mixed within lines
 MAX_LINES = 256  # candidate lines kept (then the collector stops scanning: cost bounded)
 _MAX_KEPT = 8192  # bytes of a candidate line kept
 _WINDOW = 1 << 20  # scanned per call, cut at a newline, so a full collector stops early
@@ -189,6 +193,37 @@ def last_resort(
     return None
 
 
+def continued_record(
+    lines: list[tuple[int, bytes]],
+    classifier: Classifier,
+    *,
+    shutdown_line: int | None,
+    parse: Callable[[int, bytes], LogLine] = parse_line,
+) -> Classified | None:
+    """The earliest line of a multi-line record logged at ERROR whose first line the log does
+    not show (an excerpt that begins inside it, e.g. the tail of vLLM's ``dump_input`` block):
+    indented or data-only bodies at level ERROR/CRITICAL. Asked only when neither
+    :func:`last_resort` nor :func:`cut_traceback` answered (a traceback's frames are the
+    cut traceback's, with their hints)."""
+    rule = classifier.ruleset.get(RULE_ID)
+    if rule is None:
+        return None
+    found: Classified | None = None
+    for no, raw in lines:
+        if shutdown_line is not None and no > shutdown_line:
+            break
+        line = parse(no, raw)
+        body = line.body
+        stripped = body.strip()
+        if stripped.startswith(_TRACEBACK_BODY):
+            return None  # the indented lines are a traceback's, and it was not cut
+        if found is None and stripped and line.level in _ERROR_LEVELS and (
+            body[:1].isspace() or sum(ch.isalpha() for ch in body[:64]) < 3
+        ):
+            found = Classified(rule=rule, line=line)
+    return found
+
+
 def cut_traceback(
     headers: list[LogLine], classifier: Classifier, *, shutdown_line: int | None
 ) -> Classified | None:
@@ -202,3 +237,16 @@ def cut_traceback(
         if shutdown_line is None or line.line_no < shutdown_line:
             return Classified(rule=rule, line=line)
     return None
+
+
+def interleaved_dump(
+    line: LogLine | None, classifier: Classifier, *, shutdown_line: int | None
+) -> Classified | None:
+    """The first line that mixes frame text of several stack dumps (rule ``EXC012``; see
+    :func:`~.grammar.is_interleaved_frames`), when it came before any requested shutdown."""
+    rule = classifier.ruleset.get(INTERLEAVED_RULE_ID)
+    if rule is None or line is None:
+        return None
+    if shutdown_line is not None and line.line_no >= shutdown_line:
+        return None
+    return Classified(rule=rule, line=line)

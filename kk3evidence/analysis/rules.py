@@ -24,6 +24,7 @@ from kk3evidence.analysis.grammar import (
     CompiledPattern,
     LogLine,
     compile_pattern,
+    is_interleaved_frames,
     is_tb_header,
     normalize_level,
     parse_line,
@@ -55,6 +56,8 @@ __all__ = [
 KINDS: tuple[str, ...] = ("failure", "milestone", "consequence", "noise")
 _ID_RE = re.compile(r"^[A-Z][A-Z0-9]{1,9}\d{3}$")
 _NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+# Scopes whose rules see lines chosen by the engine, not by anchors.
+_ANCHORLESS_SCOPES = ("exception", "level", "cut", "interleaved")
 _MIN_ANCHOR = 4
 
 
@@ -84,7 +87,8 @@ class Rule:
     marks: str | None = None
     # "line" | "exception" (only traceback exception/detail lines) | "level" (the last resort:
     # an error-level line, only when the log states no other failure; analysis.lastresort) |
-    # "cut" (the last resort too: the header of a traceback the log ends in)
+    # "cut" (the last resort too: the header of a traceback the log ends in) | "interleaved"
+    # (the last resort too: frame text of several stack dumps mixed within one line)
     scope: str = "line"
     fallback: bool = False  # only when no other rule claims the line
     priority: int = 0
@@ -122,6 +126,8 @@ class Rule:
             return None
         if self.scope == "cut":
             return {} if is_tb_header(line.body.strip()) else None
+        if self.scope == "interleaved":
+            return {} if is_interleaved_frames(line.body) else None
         if line.tb_role in ("frame", "header", "separator"):
             return None
         if self.levels is not None and line.level is not None and line.level not in self.levels:
@@ -321,7 +327,7 @@ def iter_rule_problems(
             yield f"{where}: a {kind} rule needs a category (one of {', '.join(CATEGORIES)})"
         if kind in ("failure", "consequence", "milestone") and not r.get("stage"):
             yield f"{where}: a {kind} rule needs a stage (one of {', '.join(STAGES)})"
-        if not r.get("anchors") and r.get("scope") not in ("exception", "level", "cut"):
+        if not r.get("anchors") and r.get("scope") not in _ANCHORLESS_SCOPES:
             yield f"{where}: give at least one literal anchor (the fast pre-filter needs it)"
         for a in _as_list(r.get("anchors")):
             if isinstance(a, str) and len(a) < _MIN_ANCHOR:
@@ -520,7 +526,10 @@ def _frame_lookup(
 ) -> str | None:
     at = body.rfind(", in ")
     if at >= 0:
-        got = funcs.get(body[at + 5 :].strip())
+        name = body[at + 5 :].strip()
+        if name.endswith(")"):  # IPython: `…, in LLM.__init__(self, model, …)`
+            name = name.split("(", 1)[0].rsplit(".", 1)[-1]
+        got = funcs.get(name)
         if got is not None:
             return got
     for needle, value in subs:

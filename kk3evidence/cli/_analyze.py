@@ -12,6 +12,7 @@ from kk3evidence.analysis.engine import analyze
 from kk3evidence.analysis.rules import RuleSet, load_rule_files
 from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, InputError, UsageError
 from kk3evidence.handoff.report.analysis import render_markdown, render_text, spec_json
+from kk3evidence.model import Analysis
 
 from ._common import echo_json, handle_errors
 from ._merge import expand
@@ -53,10 +54,18 @@ DEFAULT_MAX_BYTES = 8 * 1024**3
     "the exit status is the analysis's own (0 or 3). Bounds endless input such as "
     "'analyze -' on a stream that never closes.",
 )
+@click.option(
+    "--stopped",
+    is_flag=True,
+    help="The run is over where the log ends (it was killed, timed out, or died without a "
+    "word): a start-up that never became ready and states no failure is then judged where "
+    "its progress stopped (a hang, SPEC §2), as a bundle's launch record would let it be. "
+    "Without it a plain log that ends before ready may simply be still running.",
+)
 @handle_errors
 def command(  # noqa: PLR0917 - one parameter per click option
     sources: tuple[str, ...], as_json: bool, as_md: bool, context: int,
-    rule_paths: tuple[str, ...], max_bytes: int,
+    rule_paths: tuple[str, ...], max_bytes: int, stopped: bool,
 ) -> None:
     """Find the stages a vLLM start-up passed, its first causal failure and the lines that
     only report it (consequences).
@@ -81,7 +90,8 @@ def command(  # noqa: PLR0917 - one parameter per click option
             _group(tuple(paths), sources, as_json=as_json, as_md=as_md, ruleset=ruleset)
             return
     budget = Budget(max_bytes, lift="--max-bytes 0") if max_bytes > 0 else None
-    result = analyze(sources[0], context=context, ruleset=ruleset, budget=budget)
+    result = analyze(sources[0], context=context, ruleset=ruleset, budget=budget,
+                     stopped=stopped)
     if result.coverage is not None:
         click.echo(f"kk3evidence analyze: note: {describe(result.coverage)}", err=True)
     if result.lines_total == 0:
@@ -95,7 +105,25 @@ def command(  # noqa: PLR0917 - one parameter per click option
         click.echo(render_markdown(result), nl=False)
     else:
         click.echo(render_text(result), nl=False)
+        if not stopped and _unfinished(result) and not sources[0].endswith(_BUNDLE_SUFFIXES):
+            click.echo(
+                f"The log ends before the server became ready (last stage reached: "
+                f"{result.last_stage_reached}, line {result.lines_total}). If the run is over, "
+                "add --stopped: it is then judged where its progress stopped."
+            )
     sys.exit(EXIT_FAILURE_FOUND if result.failed else EXIT_OK)
+
+
+_BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+def _unfinished(result: Analysis) -> bool:
+    """No failure, a start-up seen, and no ready line: maybe still running, maybe stopped."""
+    return (
+        result.first_failure is None
+        and result.extra.ready_line is None
+        and result.last_stage_reached not in (None, "api_ready", "serving")
+    )
 
 
 def _group(

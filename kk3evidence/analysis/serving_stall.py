@@ -1,0 +1,87 @@
+"""A serving stall from vLLM's own stats lines: requests running, no token for a while.
+
+A server that answers ``/health`` but whose engine stopped stepping (a stuck collective, a
+deadlocked scheduler, a request waiting forever on a KV transfer) logs no error at all. vLLM's
+periodic stats line still tells: ``Avg prompt throughput: 0.0 tokens/s, Avg generation
+throughput: 0.0 tokens/s, Running: 1 reqs`` — a request is scheduled and not one token was
+processed in the whole interval (10 s by default). One such line can be a slow step; two in a
+row of the same engine cannot: :data:`MIN_LINES` consecutive ones are a stall (SPEC §2: "no
+progress — a stall with no stated cause"). :class:`ServingStallWatch` runs beside the block
+scan (one ``bytes.find`` per block for the stats marker; stats lines are rare) and keeps the
+first such run; :func:`~.hang.apply_hang` reports it only when the log states no failure.
+
+V0 (``llm_engine.py``/``metrics.py``: ``… Running: N reqs, Swapped: …, Pending: …``) and V1
+(``loggers.py``: ``Engine 000: … Running: N reqs, Waiting: …``, one line per engine of a
+data-parallel server) print the same three fields.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kk3evidence.model import ServingStall
+
+__all__ = ["MIN_LINES", "ServingStallWatch"]
+
+#: consecutive zero-progress stats lines of one engine (with requests running) that make a stall
+MIN_LINES = 2
+_MARK = b"Avg generation throughput: "
+_STATS_RE = re.compile(
+    rb"(?:Engine (\d+): )?Avg prompt throughput: ([0-9.]+) tokens/s, "
+    rb"Avg generation throughput: ([0-9.]+) tokens/s, Running: (\d+) reqs"
+)
+_MAX_TEXT = 2000  # characters of a stats line kept
+
+
+class ServingStallWatch:
+    """Fed the engine's blocks (whole lines); keeps the first stall (bounded memory)."""
+
+    def __init__(self) -> None:
+        # engine id -> (first line, last line, count, running, raw text) of its current run
+        self._runs: dict[bytes | None, tuple[int, int, int, int, bytes]] = {}
+        self._found: bytes | None = None  # the engine whose run became the stall
+        self.stall: ServingStall | None = None
+
+    def scan(self, block: bytes, lo: int, n: int, base: int) -> None:
+        """Look at the stats lines of ``block[lo:n]``, whose first line is line ``base + 1``."""
+        if self.stall is not None and self._found not in self._runs:
+            return  # the stall's run has ended: nothing later changes the answer
+        find = block.find
+        at = find(_MARK, lo, n)
+        counted, line_no = lo, base
+        while at >= 0:
+            s = max(lo, block.rfind(b"\n", lo, at) + 1)
+            e = find(b"\n", at, n)
+            e = n if e < 0 else e
+            line_no += block.count(b"\n", counted, s) + 1
+            counted = e + 1 if e < n else e
+            m = _STATS_RE.search(block, s, e)
+            if m is not None:
+                self._stats_line(m, line_no, block[s:e])
+                if self.stall is not None and self._found not in self._runs:
+                    return
+            at = find(_MARK, e, n)
+
+    def _stats_line(self, m: re.Match[bytes], line_no: int, raw: bytes) -> None:
+        engine = m.group(1)
+        running = int(m.group(4))
+        still = running > 0 and float(m.group(2)) == 0.0 and float(m.group(3)) == 0.0
+        run = self._runs.get(engine)
+        if not still:
+            self._runs.pop(engine, None)
+            return
+        if run is None:
+            run = (line_no, line_no, 1, running, raw[:_MAX_TEXT])
+        else:
+            run = (run[0], line_no, run[2] + 1, run[3], run[4])
+        self._runs[engine] = run
+        if run[2] >= MIN_LINES and (self.stall is None or self._found == engine):
+            self._found = engine
+            self.stall = ServingStall(
+                first_line=run[0],
+                last_line=run[1],
+                lines=run[2],
+                running=run[3],
+                engine=None if engine is None else engine.decode("ascii"),
+                text=run[4],
+            )

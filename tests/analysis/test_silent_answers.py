@@ -1,0 +1,203 @@
+"""Answers for failing logs that state no failure in a form the rules know (issue 13's "no
+failing log gets 'no failure'"): a serving stall read from vLLM's stats lines, IPython
+tracebacks, frames followed by a paste's elision marker, the tail of a multi-line ERROR record,
+stack dumps of several processes mixed within lines, and ``analyze --stopped`` for a plain log
+whose run is known to be over. Each shape comes from a real log of the corpus (named)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kk3evidence.analysis.engine import AnalysisEngine, analyze
+from kk3evidence.analysis.grammar import is_filler, is_interleaved_frames
+from kk3evidence.analysis.hang import HangScan, apply_hang, describe_stall
+from kk3evidence.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "corpus"
+
+V1_STATS = (
+    "DEBUG 05-11 18:07:{s:02d} [loggers.py:111] Engine {e}: Avg prompt throughput: {p} tokens/s,"
+    " Avg generation throughput: {g} tokens/s, Running: {r} reqs, Waiting: 0 reqs, GPU KV cache "
+    "usage: 0.0%, Prefix cache hit rate: 0.0%\n"
+)
+V0_STATS = (
+    "INFO 02-03 13:14:04 llm_engine.py:706] Avg prompt throughput: {p} tokens/s, Avg generation "
+    "throughput: {g} tokens/s, Running: {r} reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache "
+    "usage: 0.0%, CPU KV cache usage: 0.0%\n"
+)
+READY = "INFO:     Application startup complete.\n"
+
+
+def _stats(*rows: tuple[str, str, str, int], fmt: str = V1_STATS) -> str:
+    return "".join(
+        fmt.format(s=10 * i % 60, e=e, p=p, g=g, r=r) for i, (e, p, g, r) in enumerate(rows)
+    )
+
+
+# -- serving stall ---------------------------------------------------------------------------
+
+
+def test_the_real_zero_throughput_log_is_a_serving_stall() -> None:
+    a = analyze(next(CORPUS.glob("b10-17972-*")) / "output.log")
+    ff = a.first_failure
+    assert ff is not None
+    assert (ff.line_no, ff.stage, ff.category, ff.basis, ff.rule) == (
+        5, "serving", "hang", "stall", "STALL002"
+    )
+    assert a.stall is not None
+    assert (a.stall["since_line"], a.stall["until_line"], a.stall["stats_lines"]) == (5, 8, 4)
+    assert a.stall["requests_running"] == 1 and a.stall["engine"] == "000"
+    assert "0 tokens/s on 4 stats lines" in describe_stall(a.stall)[0]
+
+
+def test_two_zero_lines_with_requests_running_are_a_stall_v0_format_too() -> None:
+    a = analyze((READY + _stats(("0", "0.0", "0.0", 2), ("0", "0.0", "0.0", 2), fmt=V0_STATS))
+                .encode())
+    assert a.first_failure is not None and a.first_failure.rule == "STALL002"
+    assert a.stall is not None and a.stall["engine"] is None and a.stall["requests_running"] == 2
+
+
+def test_one_zero_line_an_idle_server_or_progress_between_are_no_stall() -> None:
+    one = _stats(("000", "0.0", "0.0", 1), ("000", "3.1", "12.0", 1))
+    idle = _stats(("000", "0.0", "0.0", 0), ("000", "0.0", "0.0", 0), ("000", "0.0", "0.0", 0))
+    moving = _stats(("000", "0.0", "0.0", 1), ("000", "0.0", "7.5", 1), ("000", "0.0", "0.0", 1))
+    for text in (one, idle, moving):
+        a = analyze((READY + text).encode())
+        assert a.first_failure is None and a.stall is None, text
+
+
+def test_each_engine_of_a_data_parallel_server_is_judged_on_its_own_lines() -> None:
+    # Engine 001 makes progress between engine 000's two zero lines: engine 000 still stalls.
+    text = _stats(
+        ("000", "0.0", "0.0", 1), ("001", "0.0", "9.0", 3), ("000", "0.0", "0.0", 1),
+    )
+    a = analyze((READY + text).encode())
+    assert a.first_failure is not None and a.first_failure.line_no == 2
+    assert a.stall is not None and a.stall["engine"] == "000"
+
+
+def test_a_stated_failure_wins_over_a_serving_stall() -> None:
+    text = _stats(("000", "0.0", "0.0", 1), ("000", "0.0", "0.0", 1))
+    text += "ERROR 05-11 18:09:00 [core.py:1] RuntimeError: CUDA error: out of memory\n"
+    ff = analyze((READY + text).encode()).first_failure
+    assert ff is not None and ff.basis == "rule" and ff.category != "hang"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=400), min_size=1, max_size=12))
+def test_the_serving_stall_does_not_depend_on_how_the_log_is_cut(cuts: list[int]) -> None:
+    data = (
+        READY
+        + _stats(("000", "1.0", "5.0", 1), ("000", "0.0", "0.0", 1), ("001", "0.0", "0.0", 2))
+        + _stats(("000", "0.0", "0.0", 1), ("001", "0.0", "0.0", 2), ("000", "0.0", "0.0", 1))
+    ).encode()
+    whole = analyze(data)
+    eng, scan, pos = AnalysisEngine("-"), HangScan(), 0
+    for c in cuts:
+        eng.feed(data[pos : pos + c])
+        scan.feed(data[pos : pos + c])
+        pos += c
+    eng.feed(data[pos:])
+    scan.feed(data[pos:])
+    got = apply_hang(eng.finish(), scan)
+    assert got.first_failure == whole.first_failure and got.stall == whole.stall
+    assert whole.stall is not None and whole.stall["stats_lines"] == 3  # engine 000: 2, 4, 6
+
+
+# -- IPython tracebacks ------------------------------------------------------------------------
+
+IPYTHON_TB = (
+    "---------------------------------------------------------------------------\n"
+    "RayActorError                             Traceback (most recent call last)\n"
+    "Cell In[3], line 1\n"
+    '----> 1 llm = LLM(model="gpt2", tensor_parallel_size=2)\n'
+    "\n"
+    "File /mnt/workdir/vllm/entrypoints/llm.py:89, in LLM.__init__(self, model, tokenizer)\n"
+    "     74     kwargs[\"disable_log_stats\"] = True\n"
+    "---> 89 self.llm_engine = LLMEngine.from_engine_args(engine_args)\n"
+    "\n"
+    "File [/usr/lib/python3/dist-packages/ray/_private/worker.py:2547](https://host/lab/tree/"
+    "worker.py#line=2546), in get(object_refs, timeout)\n"
+    "   2545         raise value.as_instanceof_cause()\n"
+    "-> 2547     raise value\n"
+    "\n"
+    "RayActorError: The actor died unexpectedly before finishing this task.\n"
+)
+
+
+def test_an_ipython_traceback_ends_at_its_exception_line() -> None:
+    a = analyze(IPYTHON_TB.encode())
+    ff = a.first_failure
+    assert ff is not None and ff.line_no == 14 and ff.text.startswith("RayActorError:")
+
+
+def test_an_excerpt_inside_ipython_frames_answers_its_first_frame() -> None:
+    a = analyze(next(CORPUS.glob("b11-3374-*")) / "output.log")
+    ff = a.first_failure
+    assert ff is not None and (ff.line_no, ff.rule, ff.basis) == (1, "EXC011", "fallback")
+
+
+def test_ipython_marked_source_lines_do_not_end_the_frames() -> None:
+    cut = IPYTHON_TB.rsplit("\n\n", 1)[0] + "\n"  # without the exception line
+    ff = analyze(cut.encode()).first_failure
+    assert ff is not None and ff.rule == "EXC011" and ff.line_no == 2
+
+
+# -- elision markers, ERROR records, interleaved dumps -----------------------------------------
+
+
+def test_frames_followed_by_a_paste_elision_marker_are_a_cut_traceback() -> None:
+    a = analyze(next(CORPUS.glob("b10-43222-*")) / "output.log")
+    ff = a.first_failure
+    assert ff is not None and (ff.line_no, ff.rule) == (1, "EXC011")
+    assert all(is_filler(t) for t in ("", "   ", "[ ...... ]", "...", "<snip>", "(truncated)"))
+    assert not any(is_filler(t) for t in ("[rank0]: boom", "... 3 more", "ok ..."))
+
+
+def test_a_frame_run_then_other_output_is_not_a_cut_traceback() -> None:
+    frames = (
+        '(W pid=1) ERROR 05-20 10:42:56 [x.py:1]   File "/v/m.py", line 1, in forward\n'
+        "(W pid=1) ERROR 05-20 10:42:56 [x.py:1]     return f(x)\n"
+    )
+    assert analyze((frames + "\n[ ...... ]\n").encode()).first_failure is not None
+    later = frames + "".join(f"(A pid=2) INFO 05-20 10:43:{i:02d} [a.py:1] step\n" for i in range(5))
+    assert analyze(later.encode()).first_failure is None
+
+
+def test_the_tail_of_a_multi_line_error_record_is_an_error_level_fallback() -> None:
+    a = analyze(next(CORPUS.glob("b10-23814-*")) / "output.log")
+    ff = a.first_failure
+    assert ff is not None and (ff.line_no, ff.rule, ff.basis) == (2, "EXC010", "fallback")
+
+
+def test_stack_dumps_mixed_within_lines_are_the_weakest_fallback() -> None:
+    a = analyze(next(CORPUS.glob("b11-sglang38849-*")) / "output.log")
+    ff = a.first_failure
+    assert ff is not None and (ff.line_no, ff.rule, ff.basis) == (1, "EXC012", "fallback")
+    assert not is_interleaved_frames('  File "/v/a.py", line 3, in f  File "/v/b.py", line 4')
+    assert not is_interleaved_frames("INFO loading File x, line 3")
+
+
+# -- analyze --stopped -----------------------------------------------------------------------
+
+
+def test_stopped_turns_a_plain_log_that_never_became_ready_into_a_stall() -> None:
+    log = str(next(CORPUS.glob("b10-50430-*")) / "output.log")
+    plain = CliRunner().invoke(main, ["analyze", log])
+    assert plain.exit_code == 0 and "No failure found." in plain.output
+    assert "add --stopped" in plain.output
+    stopped = CliRunner().invoke(main, ["analyze", "--stopped", log])
+    assert stopped.exit_code == 3, stopped.output
+    assert "rule STALL001" in stopped.output and "comm_group" in stopped.output
+    a = analyze(log, stopped=True)
+    assert a.stall is not None and a.stall["world_size"] == 8 and a.stall["missing_ranks"] == []
+
+
+def test_stopped_does_not_change_a_log_that_became_ready() -> None:
+    a = analyze((READY + "INFO 05-11 18:07:00 [a.py:1] ok\n").encode(), stopped=True)
+    assert a.first_failure is None
