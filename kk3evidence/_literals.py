@@ -236,6 +236,37 @@ class LiteralScanner:
             return self._hits_re2(block, lo, hi)
         return self._hits_ac(block, lo, hi)
 
+    def first(self, block: Buffer, lo: int = 0, hi: int | None = None) -> tuple[int, int] | None:
+        """The first occurrence (lowest end offset) in ``block[lo:hi]`` as ``(end_offset,
+        literal_id)``, or ``None``. With Hyperscan the scan stops there (a scan for several
+        single literals otherwise runs to the end of the buffer); other engines take the
+        first of :meth:`hits`."""
+        hi = len(block) if hi is None else hi
+        if hi <= lo or not self._searchable:
+            return None
+        if (self._engine or self.engine) != "hyperscan":
+            got = self.hits(block, lo, hi)
+            return got[0] if got else None
+        import hyperscan
+
+        found: list[tuple[int, int]] = []
+
+        def on_match(aid: int, _start: int, end: int, _flags: int, _ctx: object) -> bool:
+            found.append((lo + end, aid))
+            return True  # stop the scan
+
+        view = memoryview(block)[lo:hi]
+        try:
+            if self._hs_scratch is None:
+                self._hs_db.scan(view, match_event_handler=on_match)
+            else:
+                self._hs_db.scan(view, match_event_handler=on_match, scratch=self._hs_scratch)
+        except hyperscan.ScanTerminated:
+            pass
+        finally:
+            view.release()
+        return found[0] if found else None
+
     def _hits_hyperscan(self, block: Buffer, lo: int, hi: int) -> list[tuple[int, int]]:
         hits: list[tuple[int, int]] = []
         append = hits.append

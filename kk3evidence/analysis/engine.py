@@ -570,8 +570,8 @@ class AnalysisEngine:
                 if at >= 0:
                     best = at
             return best
-        hits = marks.hits(block, pos, n)
-        return min((end - len(_FRAME_MARKS_LIT[aid]) for end, aid in hits), default=n)
+        hit = marks.first(block, pos, n)
+        return n if hit is None else hit[0] - len(_FRAME_MARKS_LIT[hit[1]])
 
     def _context_bookkeeping(
         self, block: bytes, lo: int, n: int, *, base: int, nl_total: int, ends_nl: bool

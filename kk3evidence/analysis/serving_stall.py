@@ -26,6 +26,7 @@ __all__ = ["MIN_LINES", "ServingStallWatch"]
 #: consecutive zero-progress stats lines of one engine (with requests running) that make a stall
 MIN_LINES = 2
 _MARK = b"Avg generation throughput: "
+_ZERO = b"Avg generation throughput: 0.0 tokens/s"  # vLLM prints one decimal
 _STATS_RE = re.compile(
     rb"(?:Engine (\d+): )?Avg prompt throughput: ([0-9.]+) tokens/s, "
     rb"Avg generation throughput: ([0-9.]+) tokens/s, Running: (\d+) reqs"
@@ -43,14 +44,24 @@ class ServingStallWatch:
         self.stall: ServingStall | None = None
 
     def scan(self, block: bytes, lo: int, n: int, base: int) -> None:
-        """Look at the stats lines of ``block[lo:n]``, whose first line is line ``base + 1``."""
+        """Look at the stats lines of ``block[lo:n]``, whose first line is line ``base + 1``.
+
+        Only zero-generation lines are parsed (a healthy server logs thousands of stats lines);
+        the stats lines between two of them are looked at only while a run is open, to end
+        the run of their engine (a line between is never itself zero: it would be a hit)."""
         if self.stall is not None and self._found not in self._runs:
             return  # the stall's run has ended: nothing later changes the answer
         find = block.find
-        at = find(_MARK, lo, n)
-        counted, line_no = lo, base
-        while at >= 0:
-            s = max(lo, block.rfind(b"\n", lo, at) + 1)
+        at = find(_ZERO, lo, n)
+        if at < 0 and not self._runs:
+            return
+        prev, counted, line_no = lo, lo, base
+        while True:
+            s = n if at < 0 else max(lo, block.rfind(b"\n", lo, at) + 1)
+            if self._runs:
+                self._between(block, prev, s, n)
+            if at < 0:
+                return
             e = find(b"\n", at, n)
             e = n if e < 0 else e
             line_no += block.count(b"\n", counted, s) + 1
@@ -60,7 +71,21 @@ class ServingStallWatch:
                 self._stats_line(m, line_no, block[s:e])
                 if self.stall is not None and self._found not in self._runs:
                     return
-            at = find(_MARK, e, n)
+            prev = e
+            at = find(_ZERO, e, n)
+
+    def _between(self, block: bytes, lo: int, hi: int, n: int) -> None:
+        """Stats lines in ``block[lo:hi]`` (none of them zero-generation): each ends the run of
+        its engine."""
+        g = block.find(_MARK, lo, hi)
+        while g >= 0 and self._runs:
+            s = max(lo, block.rfind(b"\n", lo, g) + 1)
+            e = block.find(b"\n", g, n)
+            e = n if e < 0 else e
+            m = _STATS_RE.search(block, s, e)
+            if m is not None:
+                self._runs.pop(m.group(1), None)
+            g = block.find(_MARK, e, hi)
 
     def _stats_line(self, m: re.Match[bytes], line_no: int, raw: bytes) -> None:
         engine = m.group(1)
