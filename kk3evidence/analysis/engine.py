@@ -51,7 +51,7 @@ from kk3evidence.analysis.lastresort import (
 )
 from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, StageHints, load_rules, load_stage_hints
-from kk3evidence.analysis.serving_stall import ServingStallWatch
+from kk3evidence.analysis.serving_stall import STATS_ANCHOR, ZERO_MARK, ServingStallWatch
 from kk3evidence.analysis.stall_inputs import bundle_stall_inputs
 from kk3evidence.bundle.archive import open_bundle
 from kk3evidence.errors import InputError
@@ -114,6 +114,10 @@ class _Compiled:
     hint_ids: frozenset[int]  # anchors that are `line` stage hints
     frame_funcs: frozenset[bytes]  # frame hints (fast path inside tracebacks)
     frame_subs: tuple[bytes, ...]
+    # The anchor of vLLM's engine stats lines when the prefilter reports it per block (an
+    # anchor-only milestone): the serving-stall scan skips blocks without it. None: always scan.
+    stats_aid: int | None
+    zero_aid: int  # the zero-generation stats marker (serving_stall.ZERO_MARK)
 
 
 _CACHE: dict[int, _Compiled] = {}
@@ -134,6 +138,11 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
         anchors.append(a)
         single.append(False)
         noise_only.append(False)
+    # The zero-generation stats marker: reported with the other hits, never a reason to look
+    # at a line (noise-only); the serving-stall scan takes its positions.
+    anchors.append(ZERO_MARK)
+    single.append(False)
+    noise_only.append(True)
     c = _Compiled(
         ruleset=ruleset,
         classifier=Classifier(ruleset),
@@ -150,11 +159,18 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
         hint_ids=frozenset(i for i, a in enumerate(anchors) if a in set(hints.line_needles)),
         frame_funcs=frozenset(f.encode() for f in (*hints.frame_funcs, *hints.cat_funcs)),
         frame_subs=tuple(sorted({n.encode() for n, _ in (*hints.frame_subs, *hints.cat_subs)})),
+        stats_aid=_stats_anchor(anchors, single),
+        zero_aid=len(anchors) - 1,
     )
     _CACHE[key] = c
     _run_scanner()  # the frame runs' database too, with the rules, not in the first traceback
     _frame_mark_scanner()
     return c
+
+
+def _stats_anchor(anchors: list[str], single: list[bool]) -> int | None:
+    aid = next((i for i, a in enumerate(anchors) if a == STATS_ANCHOR), None)
+    return aid if aid is not None and single[aid] else None
 
 
 _FRAME_MARKS: list[LiteralScanner | None] = []  # [scanner] once built; [None] without Hyperscan
@@ -470,8 +486,10 @@ class AnalysisEngine:
         self._lo, self._hi = lo, n
         self._engine_config.scan(block, lo, n, base)
         self._error_lines.scan(block, lo, n, base)
-        self._serving_stall.scan(block, lo, n, base)
         firsts, others = _split_hits(c.prefilter.scan(block, lo, n), c.single)
+        if c.stats_aid is None or c.stats_aid in firsts:  # a block with engine stats lines
+            zero = c.zero_aid
+            self._serving_stall.scan(block, lo, n, base, [e for e, a in others if a == zero])
         self._frame_at = -1
         tracker = self._tracker
         pos = lo

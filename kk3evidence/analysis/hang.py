@@ -173,7 +173,7 @@ class HangScan:
 
     def __init__(self) -> None:
         # Every rank's copy of a milestone counts for the matrix (a start-up has a few hundred).
-        self._watch = MilestoneWatcher(full_lines=_FULL_LINES)
+        self._watch = MilestoneWatcher(full_lines=_FULL_LINES, by_position=True)
         self._pending = b""
         self.lines = 0
         self.tail: collections.deque[tuple[int, str, str | None]] = collections.deque(

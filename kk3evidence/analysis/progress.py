@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from kk3evidence.analysis.classify import Classifier
@@ -22,6 +23,7 @@ __all__ = ["Milestone", "MilestoneWatcher"]
 
 _MAX_TEXT = 300  # characters of a milestone line kept for the progress line
 _MAX_HITS = 64  # candidate lines looked at per fed block, at most
+_CELL = 256 * 1024  # by position: one line per milestone marker in each this many bytes
 _MAX_MEMO = 4096  # classified lines remembered (then forgotten all at once: memory flat)
 _MAX_MEMO_BODY = 1024  # longer bodies are remembered by digest
 
@@ -85,12 +87,22 @@ def _markers(rs: RuleSet) -> _Markers:
 class MilestoneWatcher:
     """Feed log bytes as they arrive (any chunking); read :attr:`stage` and :attr:`last`."""
 
-    def __init__(self, ruleset: RuleSet | None = None, *, full_lines: int = 0) -> None:
+    def __init__(
+        self, ruleset: RuleSet | None = None, *, full_lines: int = 0, by_position: bool = False
+    ) -> None:
         """``full_lines``: how many milestone lines in all are classified one by one (every
         rank's copy counts, for the rank matrix); beyond it, and by default, only the first
-        and last line per milestone marker and block, which is enough to follow the stage."""
+        and last line per milestone marker and block, which is enough to follow the stage.
+        ``by_position``: beyond ``full_lines``, the first line per marker in each
+        :data:`_CELL` bytes of the whole log instead, so the lines looked at do not depend on
+        how the log was cut into blocks (the analysis's rank matrix), and nothing after the
+        first ready line is looked at (the hang scan's use); a live watcher keeps the
+        block's last line, which is "where is it now"."""
         rs = ruleset if ruleset is not None else load_rules()
         self._full_left = full_lines
+        self._by_position = by_position
+        self._offset = 0  # bytes of the log in the blocks before the current one
+        self._cells: dict[int, int] = {}  # marker -> the last cell whose first line was taken
         markers = _markers(rs)
         self._anchors = markers.anchors
         self._prefilter = markers.prefilter.clone()
@@ -127,8 +139,10 @@ class MilestoneWatcher:
             return self.feed(block, at)
         return self._block(block, at, newlines)
 
-    def _ends(self, block: bytes) -> list[int]:
+    def _ends(self, block: bytes) -> Iterable[int]:
         hits = self._prefilter.scan(block)
+        if self._by_position:
+            return self._ends_by_position(hits)
         if len(hits) <= self._full_left:
             self._full_left -= len(hits)
             return sorted({end for end, _aid in hits})
@@ -145,13 +159,30 @@ class MilestoneWatcher:
             ends = ends[: _MAX_HITS // 4] + ends[-(_MAX_HITS - _MAX_HITS // 4) :]
         return ends
 
+    def _ends_by_position(self, hits: list[tuple[int, int]]) -> Iterator[int]:
+        """The hits (ascending by end) up to ``full_lines`` in all, then per marker its first
+        hit in each _CELL bytes of the whole log; lazily, so a scan that stops at the ready
+        line looks at nothing after it."""
+        cells = self._cells
+        off = self._offset
+        for end, aid in hits:
+            if self._full_left > 0:
+                self._full_left -= 1
+                yield end
+                continue
+            cell = (off + end) // _CELL
+            if cells.get(aid, -1) != cell:
+                cells[aid] = cell
+                yield end
+
     def _block(self, block: bytes, at: float, newlines: int | None = None) -> list[Milestone]:
+        ends = self._ends(block)
         line_no = self.lines
         self.lines += block.count(b"\n") if newlines is None else newlines
         found: list[Milestone] = []
         done_to = -1
         pos = 0
-        for end in self._ends(block):
+        for end in ends:
             if end <= done_to:
                 continue
             s = block.rfind(b"\n", 0, end) + 1
@@ -162,6 +193,9 @@ class MilestoneWatcher:
             m = self._line(block[s:e], line_no, at)
             if m is not None:
                 found.append(m)
+                if m.marks == "ready" and self._by_position:
+                    break  # (the hang scan stops at the ready line: nothing after it counts)
+        self._offset += len(block)
         return found
 
     def _line(self, raw: bytes, line_no: int, at: float) -> Milestone | None:

@@ -7,8 +7,10 @@ throughput: 0.0 tokens/s, Running: 1 reqs`` — a request is scheduled and not o
 processed in the whole interval (10 s by default). One such line can be a slow step; two in a
 row of the same engine cannot: :data:`MIN_LINES` consecutive ones are a stall (SPEC §2: "no
 progress — a stall with no stated cause"). :class:`ServingStallWatch` runs beside the block
-scan (one ``bytes.find`` per block for the stats marker; stats lines are rare) and keeps the
-first such run; :func:`~.hang.apply_hang` reports it only when the log states no failure.
+scan and keeps the first such run; :func:`~.hang.apply_hang` reports it only when the log
+states no failure. No extra pass over the log: :data:`ZERO_MARK` is one of the engine's
+prefilter anchors (noise-only, so it never makes the engine look at a line), and blocks without
+:data:`STATS_ANCHOR` are skipped.
 
 V0 (``llm_engine.py``/``metrics.py``: ``… Running: N reqs, Swapped: …, Pending: …``) and V1
 (``loggers.py``: ``Engine 000: … Running: N reqs, Waiting: …``, one line per engine of a
@@ -21,12 +23,15 @@ import re
 
 from kk3evidence.model import ServingStall
 
-__all__ = ["MIN_LINES", "ServingStallWatch"]
+__all__ = ["MIN_LINES", "STATS_ANCHOR", "ZERO_MARK", "ServingStallWatch"]
 
 #: consecutive zero-progress stats lines of one engine (with requests running) that make a stall
 MIN_LINES = 2
+#: text every stats line holds (the serving milestone's anchor: the engine skips blocks without)
+STATS_ANCHOR = "Avg prompt throughput"
 _MARK = b"Avg generation throughput: "
-_ZERO = b"Avg generation throughput: 0.0 tokens/s"  # vLLM prints one decimal
+#: a stats line without a generated token (vLLM prints one decimal); a prefilter anchor
+ZERO_MARK = "Avg generation throughput: 0.0 tokens/s"
 _STATS_RE = re.compile(
     rb"(?:Engine (\d+): )?Avg prompt throughput: ([0-9.]+) tokens/s, "
     rb"Avg generation throughput: ([0-9.]+) tokens/s, Running: (\d+) reqs"
@@ -43,20 +48,24 @@ class ServingStallWatch:
         self._found: bytes | None = None  # the engine whose run became the stall
         self.stall: ServingStall | None = None
 
-    def scan(self, block: bytes, lo: int, n: int, base: int) -> None:
-        """Look at the stats lines of ``block[lo:n]``, whose first line is line ``base + 1``.
+    def scan(self, block: bytes, lo: int, n: int, base: int, zeros: list[int]) -> None:
+        """Look at the stats lines of ``block[lo:n]``, whose first line is line ``base + 1``;
+        ``zeros``: the end offsets of :data:`ZERO_MARK` in it, ascending (the engine's
+        prefilter reports them with its other hits).
 
         Only zero-generation lines are parsed (a healthy server logs thousands of stats lines);
         the stats lines between two of them are looked at only while a run is open, to end
         the run of their engine (a line between is never itself zero: it would be a hit)."""
         if self.stall is not None and self._found not in self._runs:
             return  # the stall's run has ended: nothing later changes the answer
-        find = block.find
-        at = find(_ZERO, lo, n)
-        if at < 0 and not self._runs:
+        if not zeros and not self._runs:
             return
+        find = block.find
         prev, counted, line_no = lo, lo, base
-        while True:
+        done_to = lo - 1
+        for at in (*zeros, -1):
+            if 0 <= at <= done_to:
+                continue  # a second marker in a line already looked at
             s = n if at < 0 else max(lo, block.rfind(b"\n", lo, at) + 1)
             if self._runs:
                 self._between(block, prev, s, n)
@@ -64,6 +73,7 @@ class ServingStallWatch:
                 return
             e = find(b"\n", at, n)
             e = n if e < 0 else e
+            done_to = e
             line_no += block.count(b"\n", counted, s) + 1
             counted = e + 1 if e < n else e
             m = _STATS_RE.search(block, s, e)
@@ -72,7 +82,6 @@ class ServingStallWatch:
                 if self.stall is not None and self._found not in self._runs:
                     return
             prev = e
-            at = find(_ZERO, e, n)
 
     def _between(self, block: bytes, lo: int, hi: int, n: int) -> None:
         """Stats lines in ``block[lo:hi]`` (none of them zero-generation): each ends the run of

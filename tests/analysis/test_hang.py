@@ -227,3 +227,27 @@ def test_sampled_timestamps_give_the_same_gaps_in_any_block_size() -> None:
         gaps.append(scan.gaps)
     assert gaps[0] == gaps[1] == gaps[2]
     assert gaps[0][0][0] > 7000  # the silence before line 5001 is found past the first 4000
+
+
+def test_the_rank_matrix_past_the_fully_read_milestones_is_the_same_in_any_block_size() -> None:
+    # 64 ranks, 7,000 milestone lines before the weights stage: past the first 4,000 the scan
+    # samples milestone lines by position in the whole log, so each rank's first line of each
+    # stage does not depend on how the log was cut (it did with per-block sampling).
+    from kk3evidence.analysis.hang import HangScan
+
+    def line(r: int, body: str) -> str:
+        return f"(Worker_TP{r} pid={1000 + r}) INFO 01-01 00:00:{r % 60:02d} [x.py:1] {body}\n"
+
+    world = [line(r, f"world_size=64 rank={r} local_rank={r % 8} backend=nccl") for r in range(64)]
+    busy = [line(i % 64, "Starting to load model /m ...") for i in range(7000)]
+    done = [line(r, "Loading weights took 1.00 GB and 2.0 seconds") for r in range(64)]
+    log = "".join(world + busy + done).encode()
+    seen = []
+    for size in (len(log), 4096, 65536, 1_000_003):
+        scan = HangScan()
+        for i in range(0, len(log), size):
+            scan.feed(log[i : i + size])
+        scan.finish()
+        seen.append({k: dict(v.milestones) for k, v in scan.ranks.items()})
+    assert seen[0] == seen[1] == seen[2] == seen[3]
+    assert len(seen[0]) == 64

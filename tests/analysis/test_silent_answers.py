@@ -165,7 +165,8 @@ def test_a_frame_run_then_other_output_is_not_a_cut_traceback() -> None:
         "(W pid=1) ERROR 05-20 10:42:56 [x.py:1]     return f(x)\n"
     )
     assert analyze((frames + "\n[ ...... ]\n").encode()).first_failure is not None
-    later = frames + "".join(f"(A pid=2) INFO 05-20 10:43:{i:02d} [a.py:1] step\n" for i in range(5))
+    steps = (f"(A pid=2) INFO 05-20 10:43:{i:02d} [a.py:1] step\n" for i in range(5))
+    later = frames + "".join(steps)
     assert analyze(later.encode()).first_failure is None
 
 
