@@ -454,7 +454,7 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
         analysis = replace(analysis, stages=stage_durations(analysis, times, ended))
     serving = analysis.extra.serving_stall
     if analysis.first_failure is None and serving is not None:
-        return _serving_verdict(analysis, serving)
+        return _serving_verdict(analysis, serving, inputs.snapshots)
     if not stalled:
         return analysis
     last = _last_progress(scan, _progress_limit(analysis, inputs, times))
@@ -528,7 +528,9 @@ def _stall_record(
     return stall
 
 
-def _serving_verdict(analysis: Analysis, serving: ServingStall) -> Analysis:
+def _serving_verdict(
+    analysis: Analysis, serving: ServingStall, snapshots: Sequence[Mapping[str, Any]] = ()
+) -> Analysis:
     """The log states no failure, but the engine's stats lines show requests running and no
     token processed for :data:`~.serving_stall.MIN_LINES` intervals or more in a row."""
     line = parse_line(serving.first_line, serving.text)
@@ -557,8 +559,8 @@ def _serving_verdict(analysis: Analysis, serving: ServingStall) -> Analysis:
         "ranks": [],
         "missing_ranks": [],
         "gaps": [],
-        "processes": [],
-        "snapshots": [],
+        "processes": _snapshot_processes(snapshots),
+        "snapshots": [str(s.get("member")) for s in snapshots if s.get("member")],
         "summary": summary,
         "next_steps": [
             "Dump the server's stacks while it is stuck (`py-spy dump --pid <engine core pid>`, "

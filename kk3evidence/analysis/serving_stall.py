@@ -47,6 +47,32 @@ class ServingStallWatch:
         self._runs: dict[bytes | None, tuple[int, int, int, int, bytes]] = {}
         self._found: bytes | None = None  # the engine whose run became the stall
         self.stall: ServingStall | None = None
+        self._pending = b""  # (feed) an incomplete last line
+        self.lines = 0  # (feed) complete lines fed
+
+    def feed(self, data: bytes) -> None:
+        """Consume log bytes in any chunking (capture's watchdog, after ready); the zero
+        markers are found here (the analysis engine hands them to :meth:`scan` instead)."""
+        buf = self._pending + data if self._pending else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            self._pending = buf[-65536:]
+            return
+        self._pending = buf[cut + 1 :][-65536:]
+        marker = ZERO_MARK.encode()
+        zeros: list[int] = []
+        at = buf.find(marker, 0, cut + 1)
+        while at >= 0:
+            zeros.append(at + len(marker))
+            at = buf.find(marker, at + len(marker), cut + 1)
+        self.scan(buf, 0, cut + 1, self.lines, zeros)
+        self.lines += buf.count(b"\n", 0, cut + 1)
+
+    def gap(self, lines: int = 0) -> None:
+        """Part of the log was not looked at (a flood skipped): no run continues across it."""
+        self._runs.clear()
+        self._pending = b""
+        self.lines += lines
 
     def scan(self, block: bytes, lo: int, n: int, base: int, zeros: list[int]) -> None:
         """Look at the stats lines of ``block[lo:n]``, whose first line is line ``base + 1``;

@@ -11,7 +11,10 @@ It draws the one-line progress (stage, time in it, last milestone, output rate) 
 was neither new output nor a stage change for the stage's budget (``--stall-after``), takes a
 stall snapshot (:mod:`.snapshot`), a second one a little later, and with ``--stall-action
 stop`` stops the command. ``--ready-timeout`` does the same for a server not ready in time.
-Silence after the server is ready is normal (an idle server) and never a stall.
+Silence after the server is ready is normal (an idle server) and never a stall; requests that
+stop moving are: after ready the new log goes through
+:class:`~kk3evidence.analysis.serving_stall.ServingStallWatch`, and vLLM's stats lines showing
+requests running at 0 tokens/s twice in a row trigger the same snapshots (``serving-stall``).
 
 :func:`escalate` is the stop: SIGINT, then SIGTERM, then SIGKILL to the command's process
 group, each after a grace period, recording which signal ended it.
@@ -31,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from kk3evidence.analysis.progress import MilestoneWatcher
+from kk3evidence.analysis.serving_stall import ServingStallWatch
 from kk3evidence.capture import snapshot as snap
 from kk3evidence.errors import UsageError
 from kk3evidence.model import STAGES, JSONObject
@@ -175,6 +179,9 @@ class Watchdog:
         self._nvml = nvml
         self._clock = clock
         self.milestones = milestones if milestones is not None else MilestoneWatcher()
+        # After ready: vLLM's stats lines with requests running and no token (serving_stall)
+        self.serving = ServingStallWatch()
+        self._serving_seen = False  # its stall was acted on
         self.snapshots: list[str] = []
         self.stalls = 0
         self.stopped_for: str | None = None
@@ -212,6 +219,14 @@ class Watchdog:
             if self._ready_timed_out(now):
                 self._stall(now, "ready-timeout")
                 continue
+            if (
+                self.serving.stall is not None
+                and not self._serving_seen
+                and self.policy.budget("serving") > 0
+            ):
+                self._serving_seen = True
+                self._stall(now, "serving-stall")
+                continue
             silent = now - self._last_move
             budget = self.policy.budget(self.milestones.stage)
             if not armed and silent < budget:
@@ -247,7 +262,11 @@ class Watchdog:
             self._rate.pop(0)
         before = self.milestones.stage
         if self.milestones.ready or self._ready():
-            return  # serving: the stage no longer changes, and idle silence is no stall
+            # Serving: the stage no longer changes, and idle silence is no stall; only the
+            # engine's stats lines can say that requests stopped moving.
+            for data in self._new_log():
+                self.serving.feed(data)
+            return
         for data in self._new_log():
             self.milestones.feed(data, now)
         if self.milestones.stage != before:
@@ -263,6 +282,7 @@ class Watchdog:
             size = os.fstat(self._fd).st_size
             if size - self._offset > _READ_PER_TICK:
                 # A flood: milestones in the skipped part are missed; it is progress anyway.
+                self.serving.gap()
                 self._offset = size - _READ_PER_TICK
                 nl = os.pread(self._fd, 65536, self._offset).find(b"\n")
                 self._offset += nl + 1 if nl >= 0 else 0
@@ -284,6 +304,14 @@ class Watchdog:
         silent = now - self._last_move
         if why == "ready-timeout":
             reason = f"not ready after {now - self._started:.0f} s (--ready-timeout)"
+        elif why == "serving-stall" and self.serving.stall is not None:
+            st = self.serving.stall
+            engine = f"engine {st.engine}" if st.engine is not None else "the engine"
+            reason = (
+                f"{engine} stopped moving while serving: {st.running} request(s) running and "
+                f"0 tokens/s on {st.lines} stats lines in a row"
+            )
+            stage = "serving"
         else:
             reason = (
                 f"no output and no stage change for {silent:.0f} s in "
@@ -295,7 +323,7 @@ class Watchdog:
             "silent_s": round(silent, 3),
             "elapsed_s": round(now - self._started, 3),
             "last_milestone": m.last.text if m.last else None,
-            "log_lines": m.lines,
+            "log_lines": m.lines + self.serving.lines,
             "trigger": why,
         }
         first = self._snapshot(reason, context)

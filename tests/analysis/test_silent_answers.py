@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kk3evidence.analysis.engine import AnalysisEngine, analyze
 from kk3evidence.analysis.grammar import is_filler, is_interleaved_frames
 from kk3evidence.analysis.hang import HangScan, apply_hang, describe_stall
+from kk3evidence.analysis.serving_stall import ServingStallWatch
 from kk3evidence.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,3 +203,21 @@ def test_stopped_turns_a_plain_log_that_never_became_ready_into_a_stall() -> Non
 def test_stopped_does_not_change_a_log_that_became_ready() -> None:
     a = analyze((READY + "INFO 05-11 18:07:00 [a.py:1] ok\n").encode(), stopped=True)
     assert a.first_failure is None
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=300), min_size=1, max_size=10))
+def test_the_live_serving_watch_finds_the_stall_the_analysis_finds(cuts: list[int]) -> None:
+    # capture's watchdog feeds the log as it grows (ServingStallWatch.feed): the same stall
+    data = (READY + _stats(("000", "2.0", "9.0", 1), ("000", "0.0", "0.0", 1),
+                           ("000", "0.0", "0.0", 1))).encode()
+    watch, pos = ServingStallWatch(), 0
+    for c in cuts:
+        watch.feed(data[pos : pos + c])
+        pos += c
+    watch.feed(data[pos:])
+    want = analyze(data).extra.serving_stall
+    assert watch.stall == want and want is not None and want.first_line == 3
+    watch.gap()  # a skipped flood: no run continues across it
+    watch.feed(_stats(("000", "0.0", "0.0", 1)).encode())
+    assert watch.stall == want

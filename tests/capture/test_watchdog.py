@@ -257,3 +257,31 @@ def test_a_signal_is_held_back_only_while_the_group_does_not_exist() -> None:
     run.pgid = 12345
     run.on_signal(signal.SIGHUP, None)
     assert run.early_signals == [signal.SIGTERM] and sent == [signal.SIGHUP]
+
+
+@pytest.mark.slow
+def test_requests_that_stop_moving_after_ready_are_snapshotted_as_a_serving_stall(
+    tmp_path: Path,
+) -> None:
+    # Ready, then stats lines with a request running at 0 tokens/s: not an idle server. The
+    # watchdog snapshots the tree and, with --stall-action stop, stops it; the bundle's
+    # analysis is the serving stall (STALL002) with the snapshot's processes.
+    bundle = tmp_path / "b.tar"
+    ran = run_capture(
+        bundle,
+        [PY, STALL, "--serving-stall", "3"],
+        ["--no-probe", "--stall-after", "600", "--stall-action", "stop", "--grace", "1"],
+        timeout=120,
+    )
+    assert validate(bundle) == [], ran.stderr[-2000:]
+    launch, analysis, stalls = _bundle(bundle)
+    assert launch["stop"]["reason"] == "serving-stall", launch.get("stop")
+    assert launch["stalls"][:1] == ["stalls/snapshot-1.json"]
+    first = min(stalls, key=lambda d: d["seq"])
+    assert first["context"]["trigger"] == "serving-stall"
+    assert "0 tokens/s on 2 stats lines" in first["reason"]
+    ff = analysis["first_failure"]
+    assert (ff["rule"], ff["basis"], ff["stage"], ff["category"]) == (
+        "STALL002", "stall", "serving", "hang"
+    )
+    assert analysis["stall"]["snapshots"] and analysis["stall"]["processes"]
