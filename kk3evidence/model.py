@@ -212,7 +212,13 @@ class ServingStall:
     """A serving stall seen in vLLM's stats lines (``analysis/serving_stall.py``): the first
     run of consecutive zero-throughput lines of one engine with requests running — its first
     and last line, how many stats lines, the requests running at its start, the engine id
-    (V1's ``Engine 000``; ``None`` for V0) and the first line's raw text."""
+    (V1's ``Engine 000``; ``None`` for V0) and the first line's raw text.
+
+    ``confirmed``: two lines or more, or ``silent_s`` (the log went on that long after the
+    run's last line with no stats line of that engine: vLLM logs the zero lines after the
+    first at DEBUG level, so at INFO a stuck engine prints one and falls silent). An
+    unconfirmed run (one line at the end of the log) is a stall only when a bundle's times
+    show the silence."""
 
     first_line: int
     last_line: int
@@ -220,6 +226,9 @@ class ServingStall:
     running: int
     engine: str | None
     text: bytes
+    last_text: bytes = b""
+    silent_s: float | None = None
+    confirmed: bool = True
 
 
 @dataclass(frozen=True, slots=True)

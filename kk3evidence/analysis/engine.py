@@ -420,7 +420,7 @@ class AnalysisEngine:
             long_lines_truncated=self._long_lines,
             shutdown_requested_line=self._shutdown_line,
             ready_line=self._ready_line,
-            serving_stall=self._serving_stall.stall,
+            serving_stall=self._serving_stall.result(self.lines),
         )
         return Analysis(
             source=self.source,
@@ -487,9 +487,11 @@ class AnalysisEngine:
         self._engine_config.scan(block, lo, n, base)
         self._error_lines.scan(block, lo, n, base)
         firsts, others = _split_hits(c.prefilter.scan(block, lo, n), c.single)
-        if c.stats_aid is None or c.stats_aid in firsts:  # a block with engine stats lines
+        stall = self._serving_stall
+        # a block with engine stats lines, or any block while a zero run is open (its silence)
+        if c.stats_aid is None or c.stats_aid in firsts or stall.open_run() is not None:
             zero = c.zero_aid
-            self._serving_stall.scan(block, lo, n, base, [e for e, a in others if a == zero])
+            stall.scan(block, lo, n, base, [e for e, a in others if a == zero])
         self._frame_at = -1
         tracker = self._tracker
         pos = lo

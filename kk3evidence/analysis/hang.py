@@ -22,6 +22,7 @@ from typing import Any
 
 from kk3evidence.analysis.grammar import LogLine, parse_line
 from kk3evidence.analysis.progress import MilestoneWatcher
+from kk3evidence.analysis.serving_stall import SILENT_S
 from kk3evidence.model import (
     Analysis,
     Finding,
@@ -87,6 +88,9 @@ _WAITS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("torch/_dynamo", "torch/_inductor", "compile_fx", "triton", "cudagraph", "capture_model"),
     ),
     ("weights", "weights_access", ("load_weights", "safetensors", "snapshot_download", "hf_hub")),
+    # vLLM's engine core waiting for its workers to answer a step (multiproc executor): the
+    # workers are where it stopped. No stage of its own (start-up and serving both do it).
+    ("the workers' answer (collective_rpc)", "", ("_wait_for_response", "collective_rpc")),
 )
 
 
@@ -387,10 +391,13 @@ def _snapshot_processes(snapshots: Sequence[Mapping[str, Any]]) -> list[dict[str
             for s in p.get("sockets") or []
             if s.get("state") in ("LISTEN", "ESTABLISHED", "SYN_SENT")
         ]
+        states = [str(t.get("state") or "") for t in p.get("threads") or []]
         out.append(
             {
                 "pid": p.get("pid"),
                 "name": p.get("name"),
+                # every thread in state T/t: SIGSTOP, a job-control stop or a tracer holds it
+                "stopped": bool(states) and all(st in ("T", "t") for st in states),
                 "waiting_in": found[0] if found else None,
                 "stage": found[1] if found else None,
                 "frame": found[2] if found else None,
@@ -445,16 +452,21 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
     if stalled:
         scan.finish()
     times: dict[int, float] = {}
+    serving = analysis.extra.serving_stall
     if inputs.lines_tsv is not None:
         wanted = {1, analysis.lines_total} | {s.first_line for s in analysis.stages}
         if stalled:
             wanted |= {n for n, _t, _p in scan.tail}
+        if serving is not None:
+            wanted.add(serving.last_line)
         times = receive_times(inputs.lines_tsv(), wanted)
         ended = _ended(inputs.launch)
         analysis = replace(analysis, stages=stage_durations(analysis, times, ended))
-    serving = analysis.extra.serving_stall
     if analysis.first_failure is None and serving is not None:
-        return _serving_verdict(analysis, serving, inputs.snapshots)
+        serving = _silence_by_times(serving, times, _ended(inputs.launch) or times.get(
+            analysis.lines_total))
+        if serving.confirmed:
+            return _serving_verdict(analysis, serving, inputs.snapshots)
     if not stalled:
         return analysis
     last = _last_progress(scan, _progress_limit(analysis, inputs, times))
@@ -528,6 +540,20 @@ def _stall_record(
     return stall
 
 
+def _silence_by_times(
+    serving: ServingStall, times: Mapping[int, float], end: float | None
+) -> ServingStall:
+    """A one-line run at the end of the log, confirmed by a bundle's clock: the run went on
+    :data:`~.serving_stall.SILENT_S` or more after its last line was received, no stats line
+    of its engine since."""
+    if serving.confirmed:
+        return serving
+    t = times.get(serving.last_line)
+    if t is None or end is None or end - t < SILENT_S:
+        return serving
+    return replace(serving, confirmed=True, silent_s=round(end - t, 3))
+
+
 def _serving_verdict(
     analysis: Analysis, serving: ServingStall, snapshots: Sequence[Mapping[str, Any]] = ()
 ) -> Analysis:
@@ -540,10 +566,16 @@ def _serving_verdict(
         if serving.last_line != serving.first_line
         else f"line {serving.first_line}"
     )
+    if serving.lines >= 2 or serving.silent_s is None:
+        how = f"on {serving.lines} stats lines in a row ({span})"
+    else:
+        how = (
+            f"at line {serving.first_line}, then no stats line of it for "
+            f"{serving.silent_s:.0f} s while the log went on"
+        )
     summary = (
         f"{who} stopped making progress while serving: {serving.running} request(s) running "
-        f"and 0 tokens/s prompt and generation throughput on {serving.lines} stats lines in a "
-        f"row ({span}), with no error logged"
+        f"and 0 tokens/s prompt and generation throughput {how}, with no error logged"
     )
     stall: dict[str, Any] = {
         "stage": "serving",
@@ -553,6 +585,7 @@ def _serving_verdict(
         "since": None,
         "until_line": serving.last_line,
         "stats_lines": serving.lines,
+        "silent_s": serving.silent_s,
         "requests_running": serving.running,
         "engine": serving.engine,
         "world_size": None,
@@ -702,10 +735,18 @@ def describe_stall(stall: Mapping[str, JSONValue]) -> list[str]:
     the rank × milestone matrix, what each process waited in, the largest gaps."""
     out = [f"Progress stopped in {stall.get('stage')} after line {stall.get('since_line')}"]
     if stall.get("stats_lines"):  # a serving stall (serving_stall.py)
+        silent = stall.get("silent_s")
+        how = (
+            f"then no stats line for {silent:.0f} s"
+            if isinstance(silent, int | float) and stall.get("stats_lines") == 1
+            else f"on {stall.get('stats_lines')} stats lines in a row "
+            f"(to line {stall.get('until_line')})"
+        )
         out = [
             f"Progress stopped in serving at line {stall.get('since_line')}: "
-            f"{stall.get('requests_running')} request(s) running, 0 tokens/s on "
-            f"{stall.get('stats_lines')} stats lines in a row (to line {stall.get('until_line')})"
+            f"{stall.get('requests_running')} request(s) running, 0 tokens/s"
+            + (", " if how.startswith("then") else " ")
+            + how
         ]
     if stall.get("since"):
         silent = stall.get("silent_s")
@@ -723,6 +764,8 @@ def describe_stall(stall: Mapping[str, JSONValue]) -> list[str]:
             out.append(f"  rank {m}: never appeared in this log")
     for p in json_objects(stall.get("processes")):
         what = p.get("waiting_in") or "no known wait in its stacks"
+        if p.get("stopped"):
+            what = "STOPPED (every thread in state T: SIGSTOP, a job-control stop or a tracer)"
         where = f" in {p.get('frame')}" if p.get("frame") else ""
         same = (
             "; stacks unchanged in the second snapshot"

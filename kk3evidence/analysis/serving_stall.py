@@ -6,11 +6,16 @@ periodic stats line still tells: ``Avg prompt throughput: 0.0 tokens/s, Avg gene
 throughput: 0.0 tokens/s, Running: 1 reqs`` — a request is scheduled and not one token was
 processed in the whole interval (10 s by default). One such line can be a slow step; two in a
 row of the same engine cannot: :data:`MIN_LINES` consecutive ones are a stall (SPEC §2: "no
-progress — a stall with no stated cause"). :class:`ServingStallWatch` runs beside the block
-scan and keeps the first such run; :func:`~.hang.apply_hang` reports it only when the log
-states no failure. No extra pass over the log: :data:`ZERO_MARK` is one of the engine's
-prefilter anchors (noise-only, so it never makes the engine look at a line), and blocks without
-:data:`STATS_ANCHOR` are skipped.
+progress — a stall with no stated cause"). vLLM V1 logs a zero line at INFO only when the
+interval before had progress (``engine_is_idle`` in ``v1/metrics/loggers.py``: later ones go
+to DEBUG), so at the default level a stuck engine prints one such line and falls silent: a
+run's last zero line followed by :data:`SILENT_S` seconds of log (its timestamps, or a
+bundle's receive times) with no stats line of that engine is a stall too.
+
+:class:`ServingStallWatch` runs beside the block scan and keeps the first such run;
+:func:`~.hang.apply_hang` reports it only when the log states no failure. No extra pass over
+the log: :data:`ZERO_MARK` is one of the engine's prefilter anchors (noise-only, so it never
+makes the engine look at a line), and blocks without :data:`STATS_ANCHOR` are skipped.
 
 V0 (``llm_engine.py``/``metrics.py``: ``… Running: N reqs, Swapped: …, Pending: …``) and V1
 (``loggers.py``: ``Engine 000: … Running: N reqs, Waiting: …``, one line per engine of a
@@ -20,13 +25,27 @@ data-parallel server) print the same three fields.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from datetime import datetime
 
+from kk3evidence.analysis.envelope import parse_line
 from kk3evidence.model import ServingStall
 
-__all__ = ["MIN_LINES", "STATS_ANCHOR", "ZERO_MARK", "ServingStallWatch"]
+__all__ = [
+    "MIN_LINES",
+    "SILENT_S",
+    "STATS_ANCHOR",
+    "ZERO_MARK",
+    "ServingStallWatch",
+    "stamp_seconds",
+]
 
 #: consecutive zero-progress stats lines of one engine (with requests running) that make a stall
 MIN_LINES = 2
+#: seconds of log after a run's last zero line, without a stats line of its engine, that make
+#: a one-line run a stall (two and a half of vLLM's default 10 s stats intervals)
+SILENT_S = 25.0
+_STAMP_RE = re.compile(r"^(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})")
 #: text every stats line holds (the serving milestone's anchor: the engine skips blocks without)
 STATS_ANCHOR = "Avg prompt throughput"
 _MARK = b"Avg generation throughput: "
@@ -43,12 +62,16 @@ class ServingStallWatch:
     """Fed the engine's blocks (whole lines); keeps the first stall (bounded memory)."""
 
     def __init__(self) -> None:
-        # engine id -> (first line, last line, count, running, raw text) of its current run
-        self._runs: dict[bytes | None, tuple[int, int, int, int, bytes]] = {}
+        # engine id -> (first line, last line, count, running, first and last raw text) of its
+        # current run (its latest stats line said requests were running at zero)
+        self._runs: dict[bytes | None, tuple[int, int, int, int, bytes, bytes]] = {}
         self._found: bytes | None = None  # the engine whose run became the stall
         self.stall: ServingStall | None = None
         self._pending = b""  # (feed) an incomplete last line
         self.lines = 0  # (feed) complete lines fed
+        #: the latest ``(line, MM-DD HH:MM:SS)`` found among a block's last lines while a run
+        #: was open (the silence after a one-line run is measured to it)
+        self.latest_stamp: tuple[int, str] | None = None
 
     def feed(self, data: bytes) -> None:
         """Consume log bytes in any chunking (capture's watchdog, after ready); the zero
@@ -86,6 +109,14 @@ class ServingStallWatch:
             return  # the stall's run has ended: nothing later changes the answer
         if not zeros and not self._runs:
             return
+        self._scan(block, lo, n, base, zeros)
+        if self._runs and self.stall is None:
+            found = _last_stamp(block, lo, n)
+            if found is not None:
+                last_line = base + block.count(b"\n", lo, n) + (n > lo and block[n - 1] != 10)
+                self.latest_stamp = (last_line - found[0], found[1])
+
+    def _scan(self, block: bytes, lo: int, n: int, base: int, zeros: list[int]) -> None:
         find = block.find
         prev, counted, line_no = lo, lo, base
         done_to = lo - 1
@@ -130,18 +161,86 @@ class ServingStallWatch:
         if not still:
             self._runs.pop(engine, None)
             return
+        kept = raw[:_MAX_TEXT]
         if run is None:
-            run = (line_no, line_no, 1, running, raw[:_MAX_TEXT])
+            run = (line_no, line_no, 1, running, kept, kept)
         else:
-            run = (run[0], line_no, run[2] + 1, run[3], run[4])
+            run = (run[0], line_no, run[2] + 1, run[3], run[4], kept)
         self._runs[engine] = run
         if run[2] >= MIN_LINES and (self.stall is None or self._found == engine):
             self._found = engine
-            self.stall = ServingStall(
-                first_line=run[0],
-                last_line=run[1],
-                lines=run[2],
-                running=run[3],
-                engine=None if engine is None else engine.decode("ascii"),
-                text=run[4],
-            )
+            self.stall = _stall_of(engine, run)
+
+    def open_run(self) -> ServingStall | None:
+        """The earliest run still open (its engine's latest stats line is a zero line with
+        requests running), unconfirmed, when no stall was found: the start of a silence."""
+        if self.stall is not None or not self._runs:
+            return None
+        engine, run = min(self._runs.items(), key=lambda kv: kv[1][0])
+        return replace(_stall_of(engine, run), confirmed=False)
+
+    def result(self, lines_total: int) -> ServingStall | None:
+        """The stall at the end of a log of ``lines_total`` lines: the one found, else the open
+        run — confirmed when a timestamp among the log's last :data:`_STAMP_LOOKBACK` lines is
+        :data:`SILENT_S` or more after its last line's (whatever the blocks: only a stamp that
+        near the end counts), else unconfirmed (a bundle's times may confirm it)."""
+        if self.stall is not None:
+            return self.stall
+        run = self.open_run()
+        if run is None:
+            return None
+        last = stamp_seconds(parse_line(run.last_line, run.last_text).timestamp)
+        latest = self.latest_stamp
+        near = latest is not None and lines_total - latest[0] < _STAMP_LOOKBACK
+        now = stamp_seconds(latest[1]) if latest is not None and near else None
+        if last is not None and now is not None and now - last >= SILENT_S:
+            return replace(run, silent_s=now - last, confirmed=True)
+        return run
+
+
+def _stall_of(
+    engine: bytes | None, run: tuple[int, int, int, int, bytes, bytes]
+) -> ServingStall:
+    return ServingStall(
+        first_line=run[0],
+        last_line=run[1],
+        lines=run[2],
+        running=run[3],
+        engine=None if engine is None else engine.decode("ascii"),
+        text=run[4],
+        last_text=run[5],
+    )
+
+
+_STAMP_LOOKBACK = 64  # lines looked at, from a block's end, for its latest timestamp
+
+
+def _last_stamp(block: bytes, lo: int, n: int) -> tuple[int, str] | None:
+    """``(lines before the range's last line, timestamp)`` of the last of ``block[lo:n]``'s
+    final :data:`_STAMP_LOOKBACK` lines that carries a vLLM timestamp."""
+    end = n
+    if end > lo and block[end - 1] == 10:
+        end -= 1  # the range's final newline ends its last line
+    for back in range(_STAMP_LOOKBACK):
+        if end < lo or (end == lo and back):
+            return None
+        s = max(lo, block.rfind(b"\n", lo, end) + 1)
+        head = block[s : min(end, s + 160)]
+        if b":" in head:
+            stamp = parse_line(0, head).timestamp
+            if stamp and _STAMP_RE.match(stamp):
+                return back, stamp
+        end = s - 1
+    return None
+
+
+def stamp_seconds(stamp: str | None) -> float | None:
+    """A vLLM ``MM-DD HH:MM:SS`` timestamp as seconds (any fixed year), or ``None``."""
+    m = _STAMP_RE.match(stamp or "")
+    if m is None:
+        return None
+    mo, d, hh, mm, ss = (int(x) for x in m.groups())
+    try:
+        return datetime(2000, mo, d, hh, mm, ss).timestamp()
+    except ValueError:
+        return None

@@ -34,10 +34,10 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from kk3evidence.analysis.progress import MilestoneWatcher
-from kk3evidence.analysis.serving_stall import ServingStallWatch
+from kk3evidence.analysis.serving_stall import SILENT_S, ServingStallWatch
 from kk3evidence.capture import snapshot as snap
 from kk3evidence.errors import UsageError
-from kk3evidence.model import STAGES, JSONObject
+from kk3evidence.model import STAGES, JSONObject, ServingStall
 
 __all__ = [
     "DEFAULT_STAGE_BUDGETS",
@@ -181,7 +181,8 @@ class Watchdog:
         self.milestones = milestones if milestones is not None else MilestoneWatcher()
         # After ready: vLLM's stats lines with requests running and no token (serving_stall)
         self.serving = ServingStallWatch()
-        self._serving_seen = False  # its stall was acted on
+        self._serving_hit: ServingStall | None = None  # the serving stall acted on
+        self._open: tuple[object, float] | None = None  # (open run's key, since when)
         self.snapshots: list[str] = []
         self.stalls = 0
         self.stopped_for: str | None = None
@@ -219,12 +220,9 @@ class Watchdog:
             if self._ready_timed_out(now):
                 self._stall(now, "ready-timeout")
                 continue
-            if (
-                self.serving.stall is not None
-                and not self._serving_seen
-                and self.policy.budget("serving") > 0
-            ):
-                self._serving_seen = True
+            hit = self._serving_stalled(now)
+            if hit is not None and self._serving_hit is None and self.policy.budget("serving") > 0:
+                self._serving_hit = hit
                 self._stall(now, "serving-stall")
                 continue
             silent = now - self._last_move
@@ -241,6 +239,22 @@ class Watchdog:
                 armed = False
                 if self.policy.action == "stop" or self.stalls < _MAX_STALL_SNAPSHOTS:
                     self._stall(now, "stall")
+
+    def _serving_stalled(self, now: float) -> ServingStall | None:
+        """Requests stopped moving after ready: two zero stats lines in a row, or one followed
+        by SILENT_S seconds without a stats line of that engine (vLLM logs the later zero lines
+        at DEBUG level)."""
+        if self.serving.stall is not None:
+            return self.serving.stall
+        run = self.serving.open_run()
+        if run is None:
+            self._open = None
+            return None
+        key = (run.engine, run.last_line)
+        if self._open is None or self._open[0] != key:
+            self._open = (key, now)
+        silent = now - self._open[1]
+        return dataclasses.replace(run, silent_s=silent) if silent >= SILENT_S else None
 
     def _ready_timed_out(self, now: float) -> bool:
         limit = self.policy.ready_timeout
@@ -304,12 +318,17 @@ class Watchdog:
         silent = now - self._last_move
         if why == "ready-timeout":
             reason = f"not ready after {now - self._started:.0f} s (--ready-timeout)"
-        elif why == "serving-stall" and self.serving.stall is not None:
-            st = self.serving.stall
+        elif why == "serving-stall" and self._serving_hit is not None:
+            st = self._serving_hit
             engine = f"engine {st.engine}" if st.engine is not None else "the engine"
+            how = (
+                f" on {st.lines} stats lines in a row"
+                if st.lines >= 2 or st.silent_s is None
+                else f", then no stats line for {st.silent_s:.0f} s"
+            )
             reason = (
                 f"{engine} stopped moving while serving: {st.running} request(s) running and "
-                f"0 tokens/s on {st.lines} stats lines in a row"
+                f"0 tokens/s{how}"
             )
             stage = "serving"
         else:

@@ -221,3 +221,60 @@ def test_the_live_serving_watch_finds_the_stall_the_analysis_finds(cuts: list[in
     watch.gap()  # a skipped flood: no run continues across it
     watch.feed(_stats(("000", "0.0", "0.0", 1)).encode())
     assert watch.stall == want
+
+
+# -- one zero line, then silence (vLLM V1 at INFO level) ---------------------------------------
+
+REAL_STALL = REPO / "tests" / "data" / "realruns" / "serving_stall_sigstop_worker"
+
+
+def _later(seconds: int) -> str:
+    return f"(APIServer pid=1) INFO 05-11 18:{7 + seconds // 60:02d}:{seconds % 60:02d} [a.py:1] x\n"
+
+
+def test_one_zero_line_then_a_silent_log_is_a_stall_only_after_the_silence() -> None:
+    # V1 logs the zero lines after the first at DEBUG: at INFO a stuck engine prints one
+    # (here at 18:07:10) and falls silent; the log's later timestamps measure the silence.
+    head = READY + _stats(("000", "3.0", "40.0", 4), ("000", "0.0", "0.0", 4))
+    silent = analyze((head + _later(40) + "INFO:     Shutting down\n").encode())
+    assert silent.first_failure is not None and silent.first_failure.rule == "STALL002"
+    assert silent.stall is not None and silent.stall["silent_s"] == 30.0
+    assert "then no stats line for 30 s" in describe_stall(silent.stall)[0]
+    for text in (head, head + _later(20)):  # nothing after it, or not long enough
+        assert analyze(text.encode()).first_failure is None
+
+
+def test_the_real_frozen_worker_run_is_a_serving_stall_from_its_log_and_its_bundle() -> None:
+    # tests/e2e/test_serving_stall_vllm.py recorded it: vLLM 0.32 CPU, four requests, the
+    # VLLM::Worker process SIGSTOPped 0.7 s later, capture --stall-action stop.
+    log = analyze(REAL_STALL / "output.log")
+    ff = log.first_failure
+    assert ff is not None and (ff.line_no, ff.rule, ff.category) == (102, "STALL002", "hang")
+    assert log.stall is not None and log.stall["silent_s"] >= 25
+    bundle = analyze(REAL_STALL / "bundle.tar")
+    assert bundle.first_failure == ff and bundle.stall is not None
+    procs = bundle.stall["processes"]
+    stopped = [p for p in procs if p["stopped"]]
+    assert [p["name"] for p in stopped] == ["VLLM::Worker"]
+    assert any(p["waiting_in"] == "the workers' answer (collective_rpc)" for p in procs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=500), min_size=1, max_size=12))
+def test_the_silence_after_one_zero_line_does_not_depend_on_how_the_log_is_cut(
+    cuts: list[int],
+) -> None:
+    head = READY + _stats(("000", "3.0", "40.0", 4), ("000", "0.0", "0.0", 4))
+    # a timestamped line 40 s later, then 70 lines without a timestamp: too far from the end
+    # to count in any chunking; with 10 such lines it counts in every one
+    for tail_lines, want in ((70, None), (10, "STALL002")):
+        data = (head + _later(40) + "  untimestamped\n" * tail_lines).encode()
+        eng, pos = AnalysisEngine("-"), 0
+        for c in cuts:
+            eng.feed(data[pos : pos + c])
+            pos += c
+        eng.feed(data[pos:])
+        got = apply_hang(eng.finish(), HangScan()).first_failure
+        assert (got.rule if got else None) == want == (
+            analyze(data).first_failure.rule if analyze(data).first_failure else None
+        )
