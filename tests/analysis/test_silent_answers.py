@@ -229,7 +229,8 @@ REAL_STALL = REPO / "tests" / "data" / "realruns" / "serving_stall_sigstop_worke
 
 
 def _later(seconds: int) -> str:
-    return f"(APIServer pid=1) INFO 05-11 18:{7 + seconds // 60:02d}:{seconds % 60:02d} [a.py:1] x\n"
+    minute, second = 7 + seconds // 60, seconds % 60
+    return f"(APIServer pid=1) INFO 05-11 18:{minute:02d}:{second:02d} [a.py:1] x\n"
 
 
 def test_one_zero_line_then_a_silent_log_is_a_stall_only_after_the_silence() -> None:

@@ -102,7 +102,8 @@ def record(vllm: str, model: str, bundle: Path, port: int, env: dict[str, str]) 
         if cap.poll() is None:
             cap.kill()
             cap.wait()
-    return {"returncode": cap.returncode, "worker": worker, "stderr": err.decode("utf-8", "replace")}
+    stderr = err.decode("utf-8", "replace")
+    return {"returncode": cap.returncode, "worker": worker, "stderr": stderr}
 
 
 def test_a_frozen_worker_is_a_serving_stall_with_snapshots(
