@@ -113,7 +113,8 @@ def test_a_frozen_worker_is_a_serving_stall_with_snapshots(
     from kk3evidence.bundle.archive import open_bundle, validate
 
     bundle = tmp_path / "stall.tar"
-    env = {**os.environ, **vllm_tools.env}
+    # stats every 2 s instead of 10: the one zero line comes sooner (the silence is the same)
+    env = {**os.environ, **vllm_tools.env, "VLLM_LOG_STATS_INTERVAL": "2"}
     with vllm_tools.lock():
         got = record(str(vllm_cpu.vllm), str(vllm_cpu.model), bundle, vllm_tools.free_port(), env)
     assert got["worker"] is not None, got["stderr"][-2000:]
