@@ -77,6 +77,11 @@ _FRAME_MARKS_LIT = (b'File "', *(m.encode() for m in IPY_FRAME_MARKS))
 # Source and caret lines looked at above a traceback's first frame when its header is not in
 # the log (a frame echoes one source line and up to one caret line).
 _HEADERLESS_LOOKBACK = 3
+# Trailing lines looked at for the last one that says something (see _note_said).
+_FILLER_LOOKBACK = 256
+# Levels whose lines are never an interleaved crash dump (a handled traceback escaped into a
+# warning or an info record is no crash).
+_NOT_ERRORS = frozenset({"DEBUG", "INFO", "WARNING"})
 _BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # A frame run (see AnalysisEngine._frame_run) stops before lines the envelope parser treats
 # specially (ANSI remnants, Ray's repeat suffix) or that open a new traceback.
@@ -335,6 +340,7 @@ class AnalysisEngine:
         self._error_lines = ErrorLineCollector()  # the last resort's candidates (lastresort.py)
         self._serving_stall = ServingStallWatch()  # requests running, no token (serving_stall)
         self._interleaved: LogLine | None = None  # the first line of mixed stack dumps (EXC012)
+        self._said = 0  # the last line that is not blank or an elision marker (_note_said)
 
     @property
     def prefilter_engine(self) -> str:
@@ -383,6 +389,7 @@ class AnalysisEngine:
         huge log), so later line numbers stay the file's. Call at a line boundary."""
         self.lines += n
         self._tail.clear()  # context lines from before the gap are not "before" a later hit
+        self._serving_stall.gap()  # no zero-throughput run continues across the gap
 
     def _flush_long(self) -> None:
         """A line longer than MAX_LINE: analyse its head, skip the rest up to its newline."""
@@ -397,6 +404,9 @@ class AnalysisEngine:
             tail = bytes(self._pending)
             self._pending.clear()
             self._block(tail, 0, len(tail), final=True)
+        if self._ready_line is not None:
+            # a retry that may still succeed (when = "unready") did: the server became ready
+            self._hits = [h for h in self._hits if h.rule.when != "unready"]
         res = self._resolve()
         if res.first_failure is None:
             hit = self._last_resort()
@@ -442,7 +452,7 @@ class AnalysisEngine:
             self._error_lines.lines, self._c.classifier, shutdown_line=down, parse=self._parse
         )
         cut = cut_traceback(
-            self._tracker.cut_tracebacks(self._last_said()), self._c.classifier, shutdown_line=down
+            self._tracker.cut_tracebacks(self._said), self._c.classifier, shutdown_line=down
         )
         mixed = interleaved_dump(self._interleaved, self._c.classifier, shutdown_line=down)
         found = [h for h in (error_line, cut, mixed) if h is not None]
@@ -452,15 +462,23 @@ class AnalysisEngine:
             )
         return min(found, key=lambda h: h.line.line_no)
 
-    def _last_said(self) -> int:
-        """The log's last line that says something: blank lines and a paste's elision marker
-        ("[ ...... ]") at its end are no more log after a traceback that was cut."""
-        last = self.lines
-        for no, raw in reversed(self._tail):
-            if no != last or not is_filler(decode_line(bytes(raw))):
-                break
-            last = no - 1
-        return last
+    def _note_said(self, block: bytes, lo: int, n: int, last_no: int) -> None:
+        """Remember the last line of ``block[lo:n]`` (numbered up to ``last_no``) that says
+        something: blank lines and a paste's elision marker ("[ ...... ]") are no more log
+        after a traceback that was cut (:meth:`_last_resort`). Whole-log line numbers, so the
+        answer does not depend on the blocks."""
+        end = n - 1 if n > lo and block[n - 1] == 10 else n
+        no = last_no
+        for _ in range(_FILLER_LOOKBACK):
+            if end < lo:
+                return
+            s = max(lo, block.rfind(b"\n", lo, end) + 1)
+            if not is_filler(decode_line(block[s:end])):
+                self._said = no
+                return
+            no -= 1
+            end = s - 1
+        self._said = no  # a longer run of filler lines: count the line before them as said
 
     def _resolve(self) -> Resolution:
         return resolve(
@@ -536,6 +554,8 @@ class AnalysisEngine:
         if firsts:
             self._simple_milestones(block, lo, n, base=base, firsts=firsts, nl_total=nl_total)
         self._context_bookkeeping(block, lo, n, base=base, nl_total=nl_total, ends_nl=ends_nl)
+        if n > lo:
+            self._note_said(block, lo, n, base + nl_total + (0 if ends_nl else 1))
         if final and n > lo and not ends_nl:
             # The last line has no newline: it still counts as a line.
             line_no = base + nl_total + 1
@@ -708,8 +728,8 @@ class AnalysisEngine:
             return
         if line.tb_role in ("header", "separator"):
             return
-        if self._interleaved is None and line.tb_role in (None, "exception"):
-            self._interleaved = line if is_interleaved_frames(line.body) else None
+        if self._interleaved is None:
+            self._note_interleaved(line)
         if (
             anchor_ids
             and not self._c.hint_ids.isdisjoint(anchor_ids)
@@ -770,6 +790,12 @@ class AnalysisEngine:
             if len(ctx["after"]) < self.context:
                 self._pending_after.append((line_no, ctx["after"]))
             self._context[line_no] = ctx
+
+    def _note_interleaved(self, line: LogLine) -> None:
+        """Keep the first line that mixes several stack dumps' frame text (EXC012), unless
+        its level says it is no error (a handled traceback escaped into a warning)."""
+        if line.tb_role in (None, "exception") and line.level not in _NOT_ERRORS:
+            self._interleaved = line if is_interleaved_frames(line.body) else None
 
     def _parse(self, line_no: int, raw: bytes) -> LogLine:
         """:func:`parse_line`, memoised on the raw bytes (a dense crash repeats whole lines,

@@ -399,7 +399,7 @@ def _snapshot_processes(snapshots: Sequence[Mapping[str, Any]]) -> list[dict[str
                 # every thread in state T/t: SIGSTOP, a job-control stop or a tracer holds it
                 "stopped": bool(states) and all(st in ("T", "t") for st in states),
                 "waiting_in": found[0] if found else None,
-                "stage": found[1] if found else None,
+                "stage": (found[1] or None) if found else None,
                 "frame": found[2] if found else None,
                 "thread": thread,
                 "wchan": p.get("wchan"),

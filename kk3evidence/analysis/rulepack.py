@@ -35,7 +35,9 @@ _MATCHING = (
     "'source': NCCL's file.cc:line, glog's file); then one of the regexes must "
     f"match (re.search) within the first {MAX_MATCH_CHARS} characters of the body. When several "
     "rules claim a line: noise, then consequence, then failure, then milestone; higher "
-    "priority first; fallback rules last; then the order in this pack."
+    "priority first; fallback rules last; then the order in this pack. 'when': 'shutdown' "
+    "(a noise rule only after a requested stop), 'unready' (a failure only in a log that "
+    "never reaches ready: a retry that may still succeed)."
 )
 _FLAVOR = (
     "Portable subset: (?:...), (?!...), \\s, \\d, character classes, lazy .*?, numbered "

@@ -81,7 +81,9 @@ class Rule:
     match: tuple[str, ...]
     no_match: tuple[str, ...]
     consequence_of: frozenset[str] | None
-    when: str | None = None  # noise: "shutdown" = only after a requested shutdown
+    # noise: "shutdown" = only after a requested shutdown; failure: "unready" = only in a log
+    # that never reaches ready (a retry that may still succeed)
+    when: str | None = None
     # milestone: "complete" (stage done), "ready" (the server answers: complete + serving starts
     # at the next failure), "shutdown" (a stop was requested)
     marks: str | None = None
@@ -336,8 +338,10 @@ def iter_rule_problems(
                 yield f"{where}: anchor {a!r} spans lines; anchors are single-line literals"
         if r.get("consequence_of") and kind != "consequence":
             yield f"{where}: consequence_of is only for kind = 'consequence'"
-        if r.get("when") and kind != "noise":
-            yield f"{where}: when is only for kind = 'noise'"
+        if r.get("when") == "shutdown" and kind != "noise":
+            yield f"{where}: when = 'shutdown' is only for kind = 'noise'"
+        if r.get("when") == "unready" and kind != "failure":
+            yield f"{where}: when = 'unready' is only for kind = 'failure'"
         if r.get("marks") and kind != "milestone":
             yield f"{where}: marks is only for kind = 'milestone'"
         if not _as_list(r.get("match")):

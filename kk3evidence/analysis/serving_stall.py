@@ -24,6 +24,7 @@ data-parallel server) print the same three fields.
 
 from __future__ import annotations
 
+import calendar
 import re
 from dataclasses import replace
 from datetime import datetime
@@ -52,8 +53,8 @@ _MARK = b"Avg generation throughput: "
 #: a stats line without a generated token (vLLM prints one decimal); a prefilter anchor
 ZERO_MARK = "Avg generation throughput: 0.0 tokens/s"
 _STATS_RE = re.compile(
-    rb"(?:Engine (\d+): )?Avg prompt throughput: ([0-9.]+) tokens/s, "
-    rb"Avg generation throughput: ([0-9.]+) tokens/s, Running: (\d+) reqs"
+    rb"(?:Engine (\d+): )?Avg prompt throughput: (\d+(?:\.\d+)?) tokens/s, "
+    rb"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s, Running: (\d+) reqs"
 )
 _MAX_TEXT = 2000  # characters of a stats line kept
 
@@ -95,6 +96,7 @@ class ServingStallWatch:
         """Part of the log was not looked at (a flood skipped): no run continues across it."""
         self._runs.clear()
         self._pending = b""
+        self.latest_stamp = None
         self.lines += lines
 
     def scan(self, block: bytes, lo: int, n: int, base: int, zeros: list[int]) -> None:
@@ -154,6 +156,8 @@ class ServingStallWatch:
             g = block.find(_MARK, e, hi)
 
     def _stats_line(self, m: re.Match[bytes], line_no: int, raw: bytes) -> None:
+        if self.stall is not None and self._found not in self._runs:
+            return  # the first stall's run has ended: a later run changes nothing
         engine = m.group(1)
         running = int(m.group(4))
         still = running > 0 and float(m.group(2)) == 0.0 and float(m.group(3)) == 0.0
@@ -193,8 +197,13 @@ class ServingStallWatch:
         latest = self.latest_stamp
         near = latest is not None and lines_total - latest[0] < _STAMP_LOOKBACK
         now = stamp_seconds(latest[1]) if latest is not None and near else None
-        if last is not None and now is not None and now - last >= SILENT_S:
-            return replace(run, silent_s=now - last, confirmed=True)
+        if last is None or now is None:
+            return run
+        gap = now - last
+        if gap < -_YEAR_S / 2:
+            gap += _YEAR_S  # the log went from December into January (not a stamp out of order)
+        if gap >= SILENT_S:
+            return replace(run, silent_s=gap, confirmed=True)
         return run
 
 
@@ -213,6 +222,7 @@ def _stall_of(
 
 
 _STAMP_LOOKBACK = 64  # lines looked at, from a block's end, for its latest timestamp
+_YEAR_S = 366 * 86400  # stamps are placed in 2000, a leap year
 
 
 def _last_stamp(block: bytes, lo: int, n: int) -> tuple[int, str] | None:
@@ -241,6 +251,7 @@ def stamp_seconds(stamp: str | None) -> float | None:
         return None
     mo, d, hh, mm, ss = (int(x) for x in m.groups())
     try:
-        return datetime(2000, mo, d, hh, mm, ss).timestamp()
+        datetime(2000, mo, d, hh, mm, ss)  # a real date (2000: Feb 29 exists)
     except ValueError:
         return None
+    return float(calendar.timegm((2000, mo, d, hh, mm, ss, 0, 0, 0)))  # no local time zone

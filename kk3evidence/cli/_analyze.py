@@ -87,6 +87,9 @@ def command(  # noqa: PLR0917 - one parameter per click option
     ruleset = load_rule_files(list(rule_paths), with_shipped=True) if rule_paths else None
     with expand(sources) as paths:
         if len(paths) > 1:
+            if stopped:
+                raise UsageError("--stopped is for one plain log; a group's bundles record "
+                                 "how each node's run ended")
             _group(tuple(paths), sources, as_json=as_json, as_md=as_md, ruleset=ruleset)
             return
     budget = Budget(max_bytes, lift="--max-bytes 0") if max_bytes > 0 else None

@@ -279,3 +279,83 @@ def test_the_silence_after_one_zero_line_does_not_depend_on_how_the_log_is_cut(
         assert (got.rule if got else None) == want == (
             analyze(data).first_failure.rule if analyze(data).first_failure else None
         )
+
+
+# -- found in review ---------------------------------------------------------------------------
+
+
+def test_the_first_stall_is_kept_when_a_later_one_shares_its_block() -> None:
+    text = READY + _stats(*(("000", "0.0", g, 1) for g in ("0.0", "0.0", "5.0", "0.0", "0.0")))
+    data = text.encode()
+    whole = analyze(data)
+    assert whole.stall is not None and (whole.stall["since_line"], whole.stall["stats_lines"]) == (
+        2, 2
+    )
+    eng = AnalysisEngine("-")
+    for line in data.splitlines(keepends=True):
+        eng.feed(line)
+    assert apply_hang(eng.finish(), HangScan()).stall == whole.stall
+
+
+def test_a_malformed_stats_number_is_no_crash() -> None:
+    bad = V1_STATS.format(s=0, e="000", p="1..0", g="0.0", r=1) * 3
+    assert analyze((READY + bad).encode()).first_failure is None
+
+
+def test_a_budget_that_skips_the_middle_does_not_join_a_run_across_it() -> None:
+    # A zero line in the head, an hour of progress in the skipped middle, timestamps an hour
+    # later in the tail: the run must not continue across the gap (it did, found in review).
+    from kk3evidence.analysis.budget import Budget
+
+    head = READY + _stats(("000", "3.0", "40.0", 2), ("000", "0.0", "0.0", 2)) + "x\n" * 50
+    middle = _stats(*(("000", "1.0", "9.0", 2) for _ in range(300)))
+    tail = "".join(
+        f"(APIServer pid=1) INFO 05-11 19:{i:02d}:00 [a.py:1] later\n" for i in range(3)
+    ) + "y\n" * 5
+    data = (head + middle + tail).encode()
+    assert analyze(data).first_failure is None
+    budgeted = analyze(data, budget=Budget(len(head) + 10, len(tail) + 10))
+    assert budgeted.coverage is not None and budgeted.first_failure is None
+
+
+def test_a_connect_retry_counts_only_in_a_log_that_never_becomes_ready() -> None:
+    retry = "h:1:2 [1] NCCL INFO Call to connect returned Connection refused, retrying\n"
+    alone = analyze(retry.encode()).first_failure
+    assert alone is not None and alone.rule == "NCCL026"
+    up = "INFO:     Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to quit)\n"
+    later_ready = retry + "h:1:2 [1] NCCL INFO Connected all rings\n" + up
+    assert analyze(later_ready.encode()).first_failure is None
+
+
+def test_a_warning_holding_an_escaped_traceback_is_no_interleaved_dump() -> None:
+    body = 'Traceback: File "/a.py", line 3, in f\\n  File "/b.py", line 4, in g'
+    warn = f"WARNING 05-11 18:07:00 [x.py:1] handled: {body}\n"
+    assert analyze(warn.encode()).first_failure is None
+    err = f"ERROR 05-11 18:07:00 [x.py:1] crashed: {body}\n"
+    ff = analyze(err.encode()).first_failure
+    assert ff is not None and ff.rule in ("EXC010", "EXC012")
+
+
+def test_silence_is_measured_without_the_local_time_zone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from kk3evidence.analysis.serving_stall import stamp_seconds
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        gap = stamp_seconds("10-29 02:00:01")
+        assert gap is not None and gap - (stamp_seconds("10-29 01:59:55") or 0) == 6
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_the_end_of_a_cut_traceback_does_not_depend_on_the_context_asked_for() -> None:
+    frames = (
+        '(W pid=1) ERROR 05-20 10:42:56 [x.py:1]   File "/v/m.py", line 1, in forward\n'
+        "(W pid=1) ERROR 05-20 10:42:56 [x.py:1]     return f(x)\n"
+    )
+    data = (frames + "\n" * 7 + "[ ...... ]\n" + "\n" * 6).encode()
+    got = {c: analyze(data, context=c).first_failure for c in (0, 3, 10)}
+    assert all(ff is not None and ff.rule == "EXC011" for ff in got.values()), got
