@@ -18,14 +18,17 @@ less than a Hyperscan scan's set-up) always use Aho-Corasick. Everything is buil
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["LiteralScanner"]
 
 Buffer = bytes | bytearray | memoryview
+#: a Hyperscan match handler: (literal id, start, end, flags, context) -> stop?
+_OnMatch = Callable[[int, int, int, int, object], object]
 
 # ASCII-only lower-casing for str texts, the same folding as ``bytes.lower`` and Hyperscan.
 _ASCII_LOWER = {c: c + 32 for c in range(ord("A"), ord("Z") + 1)}
@@ -255,16 +258,8 @@ class LiteralScanner:
             found.append((lo + end, aid))
             return True  # stop the scan
 
-        view = memoryview(block)[lo:hi]
-        try:
-            if self._hs_scratch is None:
-                self._hs_db.scan(view, match_event_handler=on_match)
-            else:
-                self._hs_db.scan(view, match_event_handler=on_match, scratch=self._hs_scratch)
-        except hyperscan.ScanTerminated:
-            pass
-        finally:
-            view.release()
+        with contextlib.suppress(hyperscan.ScanTerminated):
+            self._hs_scan(block, lo, hi, on_match)
         return found[0] if found else None
 
     def _hits_hyperscan(self, block: Buffer, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -274,6 +269,11 @@ class LiteralScanner:
         def on_match(aid: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
             append((lo + end, aid))
 
+        self._hs_scan(block, lo, hi, on_match)
+        return hits
+
+    def _hs_scan(self, block: Buffer, lo: int, hi: int, on_match: _OnMatch) -> None:
+        """One Hyperscan scan of ``block[lo:hi]`` in place (a view, released after)."""
         view = memoryview(block)[lo:hi]
         try:
             if self._hs_scratch is None:
@@ -282,7 +282,6 @@ class LiteralScanner:
                 self._hs_db.scan(view, match_event_handler=on_match, scratch=self._hs_scratch)
         finally:
             view.release()
-        return hits
 
     def _hits_re2(self, block: Buffer, lo: int, hi: int) -> list[tuple[int, int]]:
         hits: list[tuple[int, int]] = []

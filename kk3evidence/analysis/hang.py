@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kk3evidence.analysis.grammar import LogLine, parse_line
-from kk3evidence.analysis.progress import MilestoneWatcher
+from kk3evidence.analysis.progress import MilestoneWatcher, whole_lines
 from kk3evidence.analysis.serving_stall import SILENT_S
 from kk3evidence.model import (
     Analysis,
@@ -204,13 +204,9 @@ class HangScan:
     def feed(self, data: bytes) -> None:
         if self._watch.ready:
             return  # a long serving log costs nothing more
-        buf = self._pending + data if self._pending else data
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            self._pending = buf[-65536:]
-            return
-        self._pending = buf[cut + 1 :][-65536:]
-        self._block(buf[: cut + 1])
+        block, self._pending = whole_lines(self._pending, data)
+        if block:
+            self._block(block)
 
     def finish(self) -> None:
         if self._pending and not self._watch.ready:

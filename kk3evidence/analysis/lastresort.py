@@ -21,7 +21,7 @@ changed at all.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from kk3evidence._literals import LiteralScanner
 from kk3evidence.analysis.classify import Classified, Classifier
@@ -175,14 +175,11 @@ def last_resort(
     rule = classifier.ruleset.get(RULE_ID)
     if rule is None:  # a rule set without the last resort (a user's own rules)
         return None
-    for no, raw in lines:
-        if shutdown_line is not None and no > shutdown_line:
-            break
-        line = parse(no, raw)
+    for line in _before_stop(lines, shutdown_line, parse):
         body = line.body
-        if not body.strip() or body[:1].isspace() or body.startswith(_TRACEBACK_BODY):
+        if not body.strip() or body.startswith(_TRACEBACK_BODY) or _continuation(body):
             continue
-        if sum(ch.isalpha() for ch in body[:64]) < 3 or not is_error_level(line):
+        if not is_error_level(line):
             continue
         hit = classifier.classify(line, shutdown_requested=False)
         if hit is not None:
@@ -209,19 +206,32 @@ def continued_record(
     if rule is None:
         return None
     found: Classified | None = None
-    for no, raw in lines:
-        if shutdown_line is not None and no > shutdown_line:
-            break
-        line = parse(no, raw)
-        body = line.body
-        stripped = body.strip()
+    for line in _before_stop(lines, shutdown_line, parse):
+        stripped = line.body.strip()
         if stripped.startswith(_TRACEBACK_BODY):
             return None  # the indented lines are a traceback's, and it was not cut
-        if found is None and stripped and line.level in _ERROR_LEVELS and (
-            body[:1].isspace() or sum(ch.isalpha() for ch in body[:64]) < 3
+        if found is None and stripped and line.level in _ERROR_LEVELS and _continuation(
+            line.body
         ):
             found = Classified(rule=rule, line=line)
     return found
+
+
+def _before_stop(
+    lines: list[tuple[int, bytes]],
+    shutdown_line: int | None,
+    parse: Callable[[int, bytes], LogLine],
+) -> Iterator[LogLine]:
+    """The candidate lines up to a requested shutdown, parsed."""
+    for no, raw in lines:
+        if shutdown_line is not None and no > shutdown_line:
+            return
+        yield parse(no, raw)
+
+
+def _continuation(body: str) -> bool:
+    """A body that continues a multi-line record: indented, or hardly any words (data)."""
+    return body[:1].isspace() or sum(ch.isalpha() for ch in body[:64]) < 3
 
 
 def cut_traceback(

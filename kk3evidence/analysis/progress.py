@@ -19,7 +19,7 @@ from kk3evidence.analysis.grammar import LogLine, parse_line
 from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, load_rules
 
-__all__ = ["Milestone", "MilestoneWatcher"]
+__all__ = ["Milestone", "MilestoneWatcher", "whole_lines"]
 
 _MAX_TEXT = 300  # characters of a milestone line kept for the progress line
 _MAX_HITS = 64  # candidate lines looked at per fed block, at most
@@ -84,6 +84,19 @@ def _markers(rs: RuleSet) -> _Markers:
     return got
 
 
+_MAX_PENDING = 65536  # bytes of an unfinished line kept between feeds (its tail)
+
+
+def whole_lines(pending: bytes, data: bytes) -> tuple[bytes, bytes]:
+    """``(the complete lines of pending + data, what is left)`` for a reader fed bytes in any
+    chunking; of a line still unfinished only its last 64 KiB are kept (memory stays flat)."""
+    buf = pending + data if pending else data
+    cut = buf.rfind(b"\n")
+    if cut < 0:
+        return b"", buf[-_MAX_PENDING:]
+    return buf[: cut + 1], buf[cut + 1 :][-_MAX_PENDING:]
+
+
 class MilestoneWatcher:
     """Feed log bytes as they arrive (any chunking); read :attr:`stage` and :attr:`last`."""
 
@@ -122,13 +135,8 @@ class MilestoneWatcher:
 
     def feed(self, data: bytes, at: float) -> list[Milestone]:
         """Consume ``data``; returns the milestones among its complete lines."""
-        buf = self._pending + data if self._pending else data
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            self._pending = buf[-65536:]
-            return []
-        self._pending = buf[cut + 1 :][-65536:]
-        return self._block(buf[: cut + 1], at)
+        block, self._pending = whole_lines(self._pending, data)
+        return self._block(block, at) if block else []
 
     def feed_lines(
         self, block: bytes, at: float, *, newlines: int | None = None

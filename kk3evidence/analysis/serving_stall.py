@@ -30,6 +30,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from kk3evidence.analysis.envelope import parse_line
+from kk3evidence.analysis.progress import whole_lines
 from kk3evidence.model import ServingStall
 
 __all__ = [
@@ -77,20 +78,17 @@ class ServingStallWatch:
     def feed(self, data: bytes) -> None:
         """Consume log bytes in any chunking (capture's watchdog, after ready); the zero
         markers are found here (the analysis engine hands them to :meth:`scan` instead)."""
-        buf = self._pending + data if self._pending else data
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            self._pending = buf[-65536:]
+        block, self._pending = whole_lines(self._pending, data)
+        if not block:
             return
-        self._pending = buf[cut + 1 :][-65536:]
         marker = ZERO_MARK.encode()
         zeros: list[int] = []
-        at = buf.find(marker, 0, cut + 1)
+        at = block.find(marker)
         while at >= 0:
             zeros.append(at + len(marker))
-            at = buf.find(marker, at + len(marker), cut + 1)
-        self.scan(buf, 0, cut + 1, self.lines, zeros)
-        self.lines += buf.count(b"\n", 0, cut + 1)
+            at = block.find(marker, at + len(marker))
+        self.scan(block, 0, len(block), self.lines, zeros)
+        self.lines += block.count(b"\n")
 
     def gap(self, lines: int = 0) -> None:
         """Part of the log was not looked at (a flood skipped): no run continues across it."""

@@ -29,25 +29,12 @@ from typing import Any
 
 import pytest
 
+from kk3evidence.capture.procscan import process_tree
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 REQUEST = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True}
-
-
-def _descendants(pid: int) -> list[int]:
-    kids: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/task/{p}/children") as fh:
-                found = [int(x) for x in fh.read().split()]
-        except OSError:
-            continue
-        kids += found
-        todo += found
-    return kids
 
 
 def _named(pids: list[int], name: str) -> int | None:
@@ -94,7 +81,7 @@ def record(vllm: str, model: str, bundle: Path, port: int, env: dict[str, str]) 
         for t in posts:
             t.start()
         time.sleep(0.7)
-        worker = _named(_descendants(cap.pid), "VLLM::Worker")
+        worker = _named(process_tree(cap.pid), "VLLM::Worker")
         if worker is not None:
             os.kill(worker, signal.SIGSTOP)
         _out, err = cap.communicate(timeout=240)
