@@ -53,7 +53,7 @@ from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, StageHints, load_rules, load_stage_hints
 from kk3evidence.analysis.serving_stall import STATS_ANCHOR, ZERO_MARK, ServingStallWatch
 from kk3evidence.analysis.stall_inputs import bundle_stall_inputs
-from kk3evidence.bundle.archive import open_bundle
+from kk3evidence.bundle.archive import BUNDLE_SUFFIXES, open_bundle
 from kk3evidence.errors import InputError
 from kk3evidence.model import Analysis, AnalysisExtra, ContextLine, FailureContext, RuleInfo
 
@@ -82,7 +82,6 @@ _FILLER_LOOKBACK = 256
 # Levels whose lines are never an interleaved crash dump (a handled traceback escaped into a
 # warning or an info record is no crash).
 _NOT_ERRORS = frozenset({"DEBUG", "INFO", "WARNING"})
-_BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # A frame run (see AnalysisEngine._frame_run) stops before lines the envelope parser treats
 # specially (ANSI remnants, Ray's repeat suffix) or that open a new traceback.
 # (bytes.find per stop: several times faster than one regex alternation over a run)
@@ -507,7 +506,7 @@ class AnalysisEngine:
         firsts, others = _split_hits(c.prefilter.scan(block, lo, n), c.single)
         stall = self._serving_stall
         # a block with engine stats lines, or any block while a zero run is open (its silence)
-        if c.stats_aid is None or c.stats_aid in firsts or stall.open_run() is not None:
+        if c.stats_aid is None or c.stats_aid in firsts or stall.has_open_run:
             zero = c.zero_aid
             stall.scan(block, lo, n, base, [e for e, a in others if a == zero])
         self._frame_at = -1
@@ -1184,7 +1183,7 @@ def _is_regular(path: Path) -> bool:
 
 def _is_tar(path: Path) -> bool:
     name = path.name.lower()
-    if name.endswith(_BUNDLE_SUFFIXES):
+    if name.endswith(BUNDLE_SUFFIXES):
         return True
     if not _is_regular(path):
         return False  # a FIFO or device: probing would consume what it delivers

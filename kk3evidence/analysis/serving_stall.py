@@ -173,10 +173,15 @@ class ServingStallWatch:
             self._found = engine
             self.stall = _stall_of(engine, run)
 
+    @property
+    def has_open_run(self) -> bool:
+        """No stall yet, and some engine's latest stats line is a zero line (see open_run)."""
+        return self.stall is None and bool(self._runs)
+
     def open_run(self) -> ServingStall | None:
         """The earliest run still open (its engine's latest stats line is a zero line with
         requests running), unconfirmed, when no stall was found: the start of a silence."""
-        if self.stall is not None or not self._runs:
+        if not self.has_open_run:
             return None
         engine, run = min(self._runs.items(), key=lambda kv: kv[1][0])
         return replace(_stall_of(engine, run), confirmed=False)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kk3evidence.analysis.hang import StallInputs
+from kk3evidence.bundle.archive import BUNDLE_SUFFIXES
 from kk3evidence.errors import Kk3Error
 
 __all__ = ["bundle_stall_inputs"]
@@ -25,7 +26,7 @@ def bundle_stall_inputs(source: object) -> StallInputs | None:
     if not isinstance(source, str | os.PathLike):
         return None
     path = Path(os.fspath(source))
-    if not str(path).endswith((".tar", ".tar.gz", ".tgz")) or not path.is_file():
+    if not str(path).endswith(BUNDLE_SUFFIXES) or not path.is_file():
         return None
     try:
         from kk3evidence.bundle.archive import open_bundle

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUNDLE_SCHEMA",
+    "BUNDLE_SUFFIXES",
     "OPTIONAL_MEMBERS",
     "REQUIRED_MEMBERS",
     "STAGING_MARKER",
@@ -63,6 +64,8 @@ __all__ = [
 ]
 
 BUNDLE_SCHEMA = FORMAT_IDS["bundle"]
+#: file names a bundle may have (a plain or gzip-compressed tar)
+BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 STAGING_SCHEMA = FORMAT_IDS["staging"]
 STAGING_MARKER = "staging.json"
 MANIFEST = "manifest.json"

@@ -13,8 +13,9 @@ stall snapshot (:mod:`.snapshot`), a second one a little later, and with ``--sta
 stop`` stops the command. ``--ready-timeout`` does the same for a server not ready in time.
 Silence after the server is ready is normal (an idle server) and never a stall; requests that
 stop moving are: after ready the new log goes through
-:class:`~kk3evidence.analysis.serving_stall.ServingStallWatch`, and vLLM's stats lines showing
-requests running at 0 tokens/s twice in a row trigger the same snapshots (``serving-stall``).
+:class:`~kk3evidence.analysis.serving_stall.ServingStallWatch`, and a stats line showing
+requests running at 0 tokens/s, followed by a second one or by SILENT_S seconds without a
+stats line of that engine, triggers the same snapshots (``serving-stall``).
 
 :func:`escalate` is the stop: SIGINT, then SIGTERM, then SIGKILL to the command's process
 group, each after a grace period, recording which signal ended it.

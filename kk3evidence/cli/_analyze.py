@@ -10,6 +10,7 @@ from kk3evidence.analysis import group
 from kk3evidence.analysis.budget import Budget, describe
 from kk3evidence.analysis.engine import analyze
 from kk3evidence.analysis.rules import RuleSet, load_rule_files
+from kk3evidence.bundle.archive import BUNDLE_SUFFIXES
 from kk3evidence.errors import EXIT_FAILURE_FOUND, EXIT_OK, InputError, UsageError
 from kk3evidence.handoff.report.analysis import render_markdown, render_text, spec_json
 from kk3evidence.model import Analysis
@@ -108,16 +109,13 @@ def command(  # noqa: PLR0917 - one parameter per click option
         click.echo(render_markdown(result), nl=False)
     else:
         click.echo(render_text(result), nl=False)
-        if not stopped and _unfinished(result) and not sources[0].endswith(_BUNDLE_SUFFIXES):
+        if not stopped and _unfinished(result) and not sources[0].endswith(BUNDLE_SUFFIXES):
             click.echo(
                 f"The log ends before the server became ready (last stage reached: "
                 f"{result.last_stage_reached}, line {result.lines_total}). If the run is over, "
                 "add --stopped: it is then judged where its progress stopped."
             )
     sys.exit(EXIT_FAILURE_FOUND if result.failed else EXIT_OK)
-
-
-_BUNDLE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 
 def _unfinished(result: Analysis) -> bool:

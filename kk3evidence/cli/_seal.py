@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from kk3evidence.bundle.archive import seal, validate
+from kk3evidence.bundle.archive import BUNDLE_SUFFIXES, seal, validate
 from kk3evidence.errors import BundleError, UsageError
 
 from ._common import handle_errors
@@ -18,7 +18,7 @@ def default_output(staging: Path) -> Path:
     name = staging.name
     if name.endswith(".staging") and len(name) > len(".staging"):
         name = name[: -len(".staging")]
-        if name.endswith((".tar", ".tar.gz", ".tgz")):
+        if name.endswith(BUNDLE_SUFFIXES):
             return staging.with_name(name)
     return staging.with_name(name + ".tar")
 
