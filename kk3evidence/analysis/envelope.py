@@ -137,6 +137,12 @@ _QUOTE_RE = re.compile(r"^(?:>[ \t]?)+(?=\S)")
 _INDENTED_RE = re.compile(
     r"^[ \t]{1,24}(?=\([A-Za-z][A-Za-z0-9_\-]*(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3}\s+pid=\d)"
 )
+# A markdown list item around a pasted line ("- 2024-06-22T20:16:34Z ERROR …"): the marker is
+# peeled only before an ISO timestamp or a vLLM process tag (YAML and diff lines stay as they are).
+_MD_LIST_RE = re.compile(
+    r"^[-*+][ \t]+(?=\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}"
+    r"|\([A-Za-z][A-Za-z0-9_\-]*(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3}\s+pid=\d)"
+)
 _BRACKET_TS_RE = re.compile(
     r"^\[(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\]\s+"
 )
@@ -511,6 +517,32 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note="a paste indented as a whole: blanks before a vLLM process tag",
+    ),
+    EnvelopeFormat(
+        name="md_list",
+        layer="wrapper",
+        guard=Guard(first=frozenset("-*+")),
+        regex=_MD_LIST_RE,
+        apply=_y_nothing,
+        yields=(),
+        samples=(
+            Sample(
+                line=(
+                    "- 2024-06-22T20:16:34.700+00:00 ERROR 06-22 20:16:34 "
+                    "async_llm_engine.py:52]   File \"/v/async_llm_engine.py\", line 532, "
+                    "in run_engine_loop"
+                ),
+                body='  File "/v/async_llm_engine.py", line 532, in run_engine_loop',
+                level="ERROR",
+            ),
+            Sample(
+                line="* (APIServer pid=1) ERROR 05-10 12:00:00 [a.py:1] listed",
+                body="listed",
+                process="APIServer pid=1",
+                level="ERROR",
+            ),
+        ),
+        note="a pasted line in a markdown list item, before a timestamp or a vLLM process tag",
     ),
     EnvelopeFormat(
         name="compose",

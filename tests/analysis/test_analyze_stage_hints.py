@@ -147,3 +147,99 @@ def test_serving_frames_yield_to_an_unfinished_start_up_stage() -> None:
     start = "(Worker pid=3) INFO 11-30 01:48:03 [gpu_model_runner.py:68] Starting to load model /m"
     lines = [start, *_tb("run_busy_loop", "step", "execute_model", "forward")]
     assert _first(lines)[1] == "weights_access"
+
+
+def _frames_tb(frames: list[tuple[str, str]], exc: str) -> list[str]:
+    """An unprefixed traceback through ``(path, function)`` frames, ending in ``exc``."""
+    lines = ["Traceback (most recent call last):"]
+    for path, func in frames:
+        lines += [f'  File "{path}", line 7, in {func}', "    call()"]
+    return [*lines, exc]
+
+
+SITE = "/usr/lib/python3.12/site-packages"
+
+
+def test_an_exception_in_the_http_request_path_is_a_serving_failure() -> None:
+    # Starlette's middleware and routing and FastAPI's endpoint runner only run per request.
+    lines = _frames_tb(
+        [
+            (f"{SITE}/starlette/middleware/errors.py", "__call__"),
+            (f"{SITE}/starlette/routing.py", "handle"),
+            (f"{SITE}/fastapi/routing.py", "run_endpoint_function"),
+            (f"{SITE}/vllm/entrypoints/openai/serving_chat.py", "render"),
+        ],
+        "TypeError: 'NoneType' object is not subscriptable",
+    )
+    assert _first(lines) == (len(lines), "serving", "other")
+
+
+def test_an_openai_client_call_that_fails_is_a_serving_failure() -> None:
+    lines = _frames_tb(
+        [("<string>", "<module>"), (f"{SITE}/openai/resources/chat/completions.py", "create")],
+        "openai.InternalServerError: Error code: 500",
+    )
+    assert _first(lines)[1] == "serving"
+
+
+def test_a_kv_connector_step_call_is_a_serving_failure() -> None:
+    lines = _frames_tb(
+        [(f"{SITE}/vllm/distributed/kv_transfer/kv_connector/v1/x.py", "wait_for_save")],
+        "AssertionError",
+    )
+    assert _first(lines)[1] == "serving"
+
+
+def test_vllm_dump_after_a_failed_step_is_a_serving_hint() -> None:
+    lines = [
+        "ERROR 08-29 01:18:42 [dump_input.py:69] Dumping input data for V1 LLM engine (v0.10.1) "
+        "with config: model='m'",
+        "ERROR 08-29 01:18:42 [core.py:700] ValueError: bad batch",
+    ]
+    assert _first(lines) == (2, "serving", "other")
+
+
+def test_a_failed_import_of_the_vllm_package_is_a_container_init_failure() -> None:
+    lines = _frames_tb(
+        [
+            ("/venv/bin/vllm", "<module>"),
+            (f"{SITE}/vllm/entrypoints/cli/__init__.py", "<module>"),
+            (f"{SITE}/vllm/engine/arg_utils.py", "<module>"),
+        ],
+        "ImportError: /venv/vllm/_C.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEi",
+    )
+    assert _first(lines)[1] == "container_init"
+
+
+def test_an_exception_raised_while_the_model_loads_its_weights_is_a_weights_failure() -> None:
+    lines = _frames_tb(
+        [
+            (f"{SITE}/vllm/model_executor/model_loader/default_loader.py", "load_model"),
+            (f"{SITE}/vllm/model_executor/models/utils.py", "load_weights"),
+        ],
+        "KeyError: 'model.layers.0.mlp.experts.w2_weight_scale'",
+    )
+    assert _first(lines) == (len(lines), "weights_access", "weights")
+
+
+def test_an_oom_while_loading_weights_keeps_its_own_category() -> None:
+    lines = _frames_tb(
+        [(f"{SITE}/vllm/model_executor/models/utils.py", "load_weights")],
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    )
+    assert _first(lines)[1:] == ("weights_access", "oom")
+
+
+@pytest.mark.parametrize(
+    ("frame", "category"),
+    [
+        ((f"{SITE}/triton/runtime/jit.py", "run"), "compile"),
+        ((f"{SITE}/torch/cuda/graphs.py", "capture_begin"), "compile"),
+        ((f"{SITE}/torch/cuda/memory.py", "mem_get_info"), "cuda_init"),
+    ],
+)
+def test_frames_of_the_failing_call_give_the_category(
+    frame: tuple[str, str], category: str
+) -> None:
+    lines = _frames_tb([(f"{SITE}/vllm/x.py", "f"), frame], "RuntimeError: something failed")
+    assert _first(lines)[2] == category
