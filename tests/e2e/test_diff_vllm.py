@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import LOCK, VllmCpu, free_port
+from conftest import FAST_START, VllmCpu, free_port, vllm_lock
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -66,12 +66,13 @@ def captured(tmp_path_factory: pytest.TempPathFactory,
         max_len = [] if "--max-model-len" in args else ["--max-model-len", "512"]
         cmd = [str(vllm), "serve", str(model), "--served-model-name", "tiny",
                "--host", "127.0.0.1", "--port", str(free_port()), *max_len,
-               "--dtype", "float32", *args]
-        proc = subprocess.run(
-            ["flock", str(LOCK), sys.executable, "-m", "kk3evidence", "capture", "-o",
-             str(out), "--stop-after-request", "--ready-timeout", "400", "--", *cmd],
-            capture_output=True, text=True, env=env, timeout=900,
-        )
+               "--dtype", "float32", *FAST_START, *args]
+        with vllm_lock():
+            proc = subprocess.run(
+                [sys.executable, "-m", "kk3evidence", "capture", "-o",
+                 str(out), "--stop-after-request", "--ready-timeout", "400", "--", *cmd],
+                capture_output=True, text=True, env=env, timeout=900,
+            )
         assert out.exists(), f"capture of {name} wrote no bundle: {proc.stderr[-3000:]}"
         made[name] = out
         return out

@@ -87,7 +87,14 @@ def test_a_two_node_vllm_start_without_node_1_is_stopped_and_named(
         str(master),
     )
     with vllm_lock():
-        ran = _capture(bundle, cmd, ["--stall-after", "60", "--stall-action", "stop"], timeout=900)
+        # 40 s: twice the longest silence of a healthy start here (the engine core's and the
+        # workers' imports); grace 3 s between the stop's signals, as in the Gloo test.
+        ran = _capture(
+            bundle,
+            cmd,
+            ["--stall-after", "40", "--stall-action", "stop", "--grace", "3"],
+            timeout=900,
+        )
     assert validate(bundle) == [], ran.stderr[-3000:]
     launch, docs = _stalls(bundle)
     stop = launch["stop"]

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def test_generated_plan_fits_the_context_on_real_vllm(
     vllm_cpu: Any, vllm_tools: SimpleNamespace, tmp_path: Path
 ) -> None:
-    argv = vllm_tools.serve_argv(vllm_cpu, vllm_tools.free_port())
+    argv = vllm_tools.serve_argv(vllm_cpu, vllm_tools.free_port(), eager=False)
     plan = build_plan(minimize(argv), PlanOptions(concurrency=4))
     steps = {s["variable"]: s for s in plan["step"]}
     assert steps["input_tokens"]["request"]["input_tokens"] > 256  # not ~1 token

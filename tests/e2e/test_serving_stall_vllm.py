@@ -67,6 +67,7 @@ def record(vllm: str, model: str, bundle: Path, port: int, env: dict[str, str]) 
         "--stall-after", "600", "--stall-action", "stop", "--grace", "3", "--",
         vllm, "serve", model, "--served-model-name", "tiny", "--host", "127.0.0.1",
         "--port", str(port), "--max-model-len", "512", "--dtype", "float32",
+        "--enforce-eager",  # conftest.FAST_START
     ]
     cap = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -14,7 +14,6 @@ The whole run holds ``/tmp/kk3-vllm.lock``; ports come from this issue's ranges.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import selectors
@@ -31,8 +30,10 @@ from pathlib import Path
 
 from kk3evidence.bundle.archive import BundleWriter, open_bundle
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (also when run as a script)
+from vllm_slots import SLOTS, vllm_slot
+
 REPO = Path(__file__).resolve().parents[2]
-LOCK = Path(os.environ.get("KK3_VLLM_LOCK", "/tmp/kk3-vllm.lock"))
 ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -70,12 +71,9 @@ def _free(ports: range) -> int:
 
 @contextlib.contextmanager
 def lock() -> Iterator[None]:
-    with LOCK.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    """Every vLLM slot: the two nodes start together and nothing else runs beside them."""
+    with vllm_slot(SLOTS):
+        yield
 
 
 def _argv(vllm: str, model: str, out: Path, rank: int, port: int, master: int, extra: list[str]):
