@@ -474,6 +474,7 @@ def _context_categories(
     if not policy.category_context:
         return {}
     out: dict[int, str] = {}
+    said: dict[str, str | None] = {}  # the words of repeated lines (a crash loop) looked up once
     for h in kept:
         r = h.rule
         if r.kind not in ("failure", "consequence") or r.category not in policy.category_context:
@@ -481,7 +482,10 @@ def _context_categories(
         if r.id in policy.fixed_rules:
             continue
         ln = h.line
-        got = policy.self_category(ln.body)
+        if ln.body in said:
+            got = said[ln.body]
+        else:
+            got = said[ln.body] = policy.self_category(ln.body)
         if got is None and ln.tb_chain is not None:
             own = [e for e in index.by_chain.get(ln.tb_chain, []) if e.index <= ln.tb_index]
             if own:

@@ -116,6 +116,7 @@ class _Compiled:
     completable: frozenset[str]  # stages with completion milestones
     hints: StageHints
     hint_ids: frozenset[int]  # anchors that are `line` stage hints
+    hint_needles: dict[int, str]  # their texts
     frame_funcs: frozenset[bytes]  # frame hints (fast path inside tracebacks)
     frame_subs: tuple[bytes, ...]
     # The anchor of vLLM's engine stats lines when the prefilter reports it per block (an
@@ -161,6 +162,7 @@ def _compiled(ruleset: RuleSet, engine: str | None = None) -> _Compiled:
         ),
         hints=hints,
         hint_ids=frozenset(i for i, a in enumerate(anchors) if a in set(hints.line_needles)),
+        hint_needles={i: a for i, a in enumerate(anchors) if a in set(hints.line_needles)},
         frame_funcs=frozenset(f.encode() for f in (*hints.frame_funcs, *hints.cat_funcs)),
         frame_subs=tuple(sorted({n.encode() for n, _ in (*hints.frame_subs, *hints.cat_subs)})),
         stats_aid=_stats_anchor(anchors, single),
@@ -734,12 +736,13 @@ class AnalysisEngine:
             and not self._c.hint_ids.isdisjoint(anchor_ids)
             and len(self._hint_events) < MAX_HINTS
         ):
-            st = hints.line_stage(line.body)
+            found = {self._c.hint_needles[a] for a in anchor_ids if a in self._c.hint_ids}
+            st = hints.line_stage(line.body, found)
             if st is not None:
                 self._hint_events.append(
                     HintEvent(line_no, st, line.tb_chain, line.tb_index, False)
                 )
-            cat = hints.line_category(line.body)
+            cat = hints.line_category(line.body, found)
             if cat is not None and len(self._cat_events) < MAX_HINTS:
                 self._cat_events.append(
                     HintEvent(line_no, cat, line.tb_chain, line.tb_index, False)
