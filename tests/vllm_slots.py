@@ -23,7 +23,9 @@ BASE = os.environ.get("KK3_VLLM_LOCK", "/tmp/kk3-vllm.lock")
 
 
 def _paths() -> list[Path]:
-    return [Path(f"{BASE}.{i}") for i in range(SLOTS)]
+    # Slot 0 is the single lock file of earlier versions: a checkout still using it and this
+    # one still exclude each other.
+    return [Path(BASE if i == 0 else f"{BASE}.{i}") for i in range(SLOTS)]
 
 
 def _try(path: Path) -> IO[str] | None:
@@ -33,12 +35,19 @@ def _try(path: Path) -> IO[str] | None:
     except BlockingIOError:
         fh.close()
         return None
+    except BaseException:
+        fh.close()
+        raise
     return fh
 
 
 @contextlib.contextmanager
 def vllm_slot(weight: int = 1) -> Iterator[None]:
-    """Hold ``weight`` slots (all of them when ``weight`` >= the number of slots)."""
+    """Hold one slot (``weight`` 1: a single server) or all of them (``weight`` >= the number
+    of slots: a group, or a test running two servers). A single taker never holds a slot while
+    waiting for another, so takers of both kinds cannot deadlock."""
+    if not (weight == 1 or weight >= SLOTS):
+        raise ValueError(f"vllm_slot: weight 1 or {SLOTS} (all), not {weight}")
     held: list[IO[str]] = []
     try:
         if weight >= SLOTS:
@@ -47,11 +56,12 @@ def vllm_slot(weight: int = 1) -> Iterator[None]:
                 held.append(fh)
                 fcntl.flock(fh, fcntl.LOCK_EX)
         else:
-            while len(held) < weight:
+            while not held:
                 for path in _paths():
-                    if len(held) < weight and (fh := _try(path)) is not None:
+                    if (fh := _try(path)) is not None:
                         held.append(fh)
-                if len(held) < weight:
+                        break
+                else:
                     time.sleep(0.5)
         yield
     finally:

@@ -233,7 +233,7 @@ def test_an_oom_while_loading_weights_keeps_its_own_category() -> None:
 @pytest.mark.parametrize(
     ("frame", "category"),
     [
-        ((f"{SITE}/triton/runtime/jit.py", "run"), "compile"),
+        ((f"{SITE}/triton/runtime/autotuner.py", "run"), "compile"),
         ((f"{SITE}/torch/cuda/graphs.py", "capture_begin"), "compile"),
         ((f"{SITE}/torch/cuda/memory.py", "mem_get_info"), "cuda_init"),
     ],
@@ -243,3 +243,48 @@ def test_frames_of_the_failing_call_give_the_category(
 ) -> None:
     lines = _frames_tb([(f"{SITE}/vllm/x.py", "f"), frame], "RuntimeError: something failed")
     assert _first(lines)[2] == category
+
+
+def test_the_asgi_lifespan_is_start_up_not_a_request() -> None:
+    # uvicorn runs the app's start-up through Starlette's middleware and router too.
+    lines = _frames_tb(
+        [
+            (f"{SITE}/starlette/middleware/errors.py", "__call__"),
+            (f"{SITE}/starlette/routing.py", "lifespan"),
+            (f"{SITE}/vllm/entrypoints/openai/api_server.py", "lifespan"),
+        ],
+        "RuntimeError: could not start the engine client",
+    )
+    assert _first(lines)[1] == "api_ready"
+
+
+def test_a_triton_kernel_launch_while_serving_is_not_a_compile_failure() -> None:
+    # Every Triton launch passes through triton/runtime/jit.py: only the autotuner, the build
+    # and the cache say "compile".
+    lines = _frames_tb(
+        [
+            (f"{SITE}/vllm/v1/engine/core.py", "step"),
+            (f"{SITE}/vllm/v1/worker/gpu_model_runner.py", "execute_model"),
+            (f"{SITE}/triton/runtime/jit.py", "run"),
+        ],
+        "ValueError: Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)",
+    )
+    assert _first(lines)[1:] == ("serving", "other")
+
+
+def test_a_processor_loaded_after_the_weights_is_not_a_weights_access_failure() -> None:
+    done = (
+        "(Worker pid=3) INFO 11-30 01:48:03 [default_loader.py:501] Loading weights took 0.01 "
+        "seconds"
+    )
+    lines = [
+        done,
+        *_frames_tb(
+            [
+                (f"{SITE}/vllm/v1/worker/gpu_model_runner.py", "profile_run"),
+                (f"{SITE}/transformers/processing_utils.py", "from_pretrained"),
+            ],
+            "ImportError: Qwen2VLImageProcessor requires the Torchvision library",
+        ),
+    ]
+    assert _first(lines)[1] == "engine_init"

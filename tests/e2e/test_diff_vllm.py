@@ -10,11 +10,14 @@ session through the real ``kk3evidence capture --stop-after-request`` and shared
   which the V1 engine had on anyway (both logs say ``enable_prefix_caching=True``): not a change
 * ``F``, ``F2`` one flag changed so that the start fails: ``--max-model-len 1000000``
 
-vLLM starts are serialised with the project's lock file (never two at once on this machine).
+Each start holds a vLLM slot (``tests/vllm_slots.py``). Under pytest-xdist the captures are
+shared by the workers too: each is made once, under a file lock, in the session's common
+temporary folder.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -42,9 +45,12 @@ def vllm_paths(vllm_cpu: VllmCpu) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def captured(tmp_path_factory: pytest.TempPathFactory,
              vllm_paths: tuple[Path, Path]) -> Callable[[str], Path]:
-    """Capture a named run on first use; later uses get the same bundle."""
+    """Capture a named run on first use; later uses (any worker's) get the same bundle."""
     vllm, model = vllm_paths
-    out_dir = tmp_path_factory.mktemp("real-captures")
+    base = tmp_path_factory.getbasetemp()
+    # xdist: each worker's base folder is popen-gwN inside the session's own folder
+    out_dir = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "real-captures"
+    out_dir.mkdir(exist_ok=True)
     extra = {
         "A": [],
         "A2": [],
@@ -60,6 +66,14 @@ def captured(tmp_path_factory: pytest.TempPathFactory,
         if name in made:
             return made[name]
         out = out_dir / f"{name}.tar"
+        with (out_dir / f"{name}.lock").open("a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)  # another worker may be capturing it now
+            if not out.exists():
+                _capture(name, out)
+        made[name] = out
+        return out
+
+    def _capture(name: str, out: Path) -> None:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
         args = extra[name]
@@ -74,8 +88,6 @@ def captured(tmp_path_factory: pytest.TempPathFactory,
                 capture_output=True, text=True, env=env, timeout=900,
             )
         assert out.exists(), f"capture of {name} wrote no bundle: {proc.stderr[-3000:]}"
-        made[name] = out
-        return out
 
     return get
 

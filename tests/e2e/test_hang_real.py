@@ -48,7 +48,9 @@ def test_a_gloo_job_with_a_missing_rank_is_a_comm_group_hang(
     ran = _capture(
         bundle,
         [str(vllm_cpu.python), str(GLOO), str(free_port())],
-        ["--no-probe", "--stall-after", "5", "--stall-action", "stop", "--grace", "3"],
+        # 15 s: the program prints nothing while it imports torch, which can take several
+        # seconds while a vLLM server starts beside it (two test workers)
+        ["--no-probe", "--stall-after", "15", "--stall-action", "stop", "--grace", "3"],
         timeout=300,
     )
     assert ran.returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGKILL, 1)

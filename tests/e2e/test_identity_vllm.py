@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from vllm_slots import SLOTS, vllm_slot
 
 from kk3evidence.analysis.engine import analyze
 from kk3evidence.bundle.archive import open_bundle, validate
@@ -57,7 +58,7 @@ def test_stale_vllm_on_the_port_is_the_outcome(
     old[old.index("tiny")] = "old"
     env = dict(os.environ, **vllm_tools.env)
     bundle = tmp_path / "stale.tar"
-    with vllm_tools.lock():
+    with vllm_slot(SLOTS):  # two servers: the stale one and the captured one
         stale = subprocess.Popen(old, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                  env=env, start_new_session=True)
         try:

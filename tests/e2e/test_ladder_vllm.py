@@ -7,7 +7,7 @@
 * Ladder 2 (2 vLLM starts): with a fixed 1 MiB KV cache, step 1 raises ``--max-model-len`` from
   512 to 2048 (``realruns/fail_kv_cache_too_small``): the engine fails at engine_init (kv_cache).
 
-vLLM starts are serialised with the project's lock file (never two at once on this machine).
+Each vLLM start holds a vLLM slot (``tests/vllm_slots.py``).
 """
 
 from __future__ import annotations

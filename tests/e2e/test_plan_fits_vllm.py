@@ -6,7 +6,7 @@ plan created. Now minimize sizes both from the context and the ladder counts the
 with the server's ``/tokenize``: every step of the plan keeps the baseline's outcome. The
 baseline runs with ``--no-enable-prefix-caching`` (the engine says so), the prefix step with it
 on by default, and the prefix step's bundle carries capture's four prefix checks. Four vLLM
-starts (baseline, prefix caching, context length, served name), one at a time under the lock.
+starts (baseline, prefix caching, context length, served name), one at a time under one vLLM slot.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Scenarios: ``healthy`` (node 0 serves the fixed request, then both are stopped),
 1's vLLM is SIGKILLed once it starts loading the model), ``env`` (node 1 runs with an extra
 ``VLLM_*`` variable, otherwise healthy), ``dtype`` (node 1 runs ``--dtype bfloat16``: its worker
 aborts in gloo at the first all-reduce).
-The whole run holds ``/tmp/kk3-vllm.lock``; ports come from this issue's ranges.
+The whole run holds every vLLM slot (``tests/vllm_slots.py``); ports come from fixed ranges.
 """
 
 from __future__ import annotations
