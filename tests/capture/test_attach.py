@@ -10,25 +10,19 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from progs.helpers import free_port
 
 from kk3evidence.bundle.archive import open_bundle, validate
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "progs" / "fake_openai.py"
 SECRET = "hf_attachSecretValue0123456789abcd"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env() -> dict[str, str]:
@@ -74,7 +68,7 @@ def _read_all(bundle: Path, name: str) -> bytes:
 
 def test_attach_with_a_log_file_records_server_log_and_request(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
-    port = _free_port()
+    port = free_port()
     with open(log, "wb") as fh, _server(fh.fileno(), port) as srv:
         bundle = tmp_path / "att.tar"
         r = _attach(
@@ -108,7 +102,7 @@ def test_attach_with_a_log_file_records_server_log_and_request(tmp_path: Path) -
 
 
 def test_attach_follows_a_piped_log(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     with _server(None, port) as srv:
         assert srv.stdout is not None
         bundle = tmp_path / "pipe.tar"
