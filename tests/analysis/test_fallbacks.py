@@ -334,3 +334,45 @@ def test_a_frames_only_excerpt_gives_the_same_answer_in_any_block_size(
     monkeypatch.setattr(engine, "BLOCK_SIZE", 64)
     small = analyze(io.BytesIO(log)).to_json()
     assert small == ref and ref["first_failure"]["line_no"] == 301
+
+
+@pytest.mark.parametrize(
+    ("message", "category"),
+    [
+        ("the collective ran for 600000 milliseconds before timing out", "hang"),
+        ("frob saw an odd display and cuda driver combination", "driver_mismatch"),
+        ("HIP said hipErrorNoBinaryForGpu for gfx1101", "cuda_init"),
+        ("kernel hit an illegal memory access at 0x7f", "illegal_memory"),
+        ("level zero: UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY", "oom"),
+        ("the frob needs more KV cache memory than it has", "kv_cache"),
+        ("frob op is not permitted during graph capture", "compile"),
+        ("frob listener: [Errno 98] taken", "port"),
+        ("oneCCL: the frob ring broke", "nccl"),
+        ("frob heads (12) must be divisible by tp (8)", "config"),
+        ("Cannot access gated repo for frob", "weights"),
+    ],
+)
+def test_a_fallback_takes_the_category_of_its_family_words(message: str, category: str) -> None:
+    # A wording no rule knows still names its family in the words every error of that family
+    # uses (rules/stage-hints.toml, "Family words"): the CUDA runtime's, the driver's, the
+    # collective libraries', vLLM's own.
+    a = _an(
+        "Traceback (most recent call last):\n"
+        '  File "/x/frob.py", line 3, in frob\n'
+        f"FrobError: {message}\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.basis == "fallback" and ff.line_no == 3
+    assert ff.category == category
+
+
+def test_a_config_dump_in_a_failure_line_does_not_name_a_family() -> None:
+    # vLLM's step-error dump prints the whole engine config (`trust_remote_code=…`,
+    # `load_format=fastsafetensors`, …): those keys are not the failure's words.
+    a = _an(
+        "(EngineCore_DP0 pid=1) ERROR 01-01 00:00:00 [dump_input.py:72] Dumping input data for "
+        "V1 LLM engine (v0.11.0) with config: model='m', trust_remote_code=True, "
+        "load_format=fastsafetensors, tensor_parallel_size=2\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.category == "other"
