@@ -502,9 +502,19 @@ def _context_categories(
                 got = min(near, key=lambda e: (abs(e.line_no - no), e.line_no)).stage
         if got is None and r.fallback and word_category is not None:
             got = word_category(ln.body)
+        if got is None and r.fallback:
+            got = _prefix_category(ln.text, ln.body, policy)
         if got is not None and got != r.category:
             out[ln.line_no] = got
     return out
+
+
+def _prefix_category(text: str, body: str, policy: StageHints) -> str | None:
+    """The family words of the envelope the parser peeled off a line, last: the component that
+    printed it (CANN's `[ERROR] HCCL(pid,proc):…`, a glog or vLLM source file such as
+    `[pynccl.py:113]`) says which library reported a failure whose message names none."""
+    cut = text.rfind(body) if body else -1
+    return policy.self_category(text[:cut]) if cut > 0 else None
 
 
 def _outranks(h: Classified, roots: list[Classified]) -> bool:

@@ -376,3 +376,14 @@ def test_a_config_dump_in_a_failure_line_does_not_name_a_family() -> None:
     )
     ff = a.first_failure
     assert ff is not None and ff.category == "other"
+
+
+def test_a_last_resort_line_takes_the_category_of_the_component_that_printed_it() -> None:
+    # CANN's log prefix names the module (`HCCL(pid,proc)`); the envelope parser peels it off,
+    # and the message alone names no family: the component still says which library failed.
+    a = _an(
+        "[ERROR] HCCL(36035,frob):2025-05-13-02:25:58.068.817 [op_base.cc:974][36818][Init]"
+        "[FrobConfig]errNo[0x0000000005000002]FrobInit failed.\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.basis == "fallback" and ff.category == "nccl"
