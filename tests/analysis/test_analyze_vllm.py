@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from progs.helpers import free_port
 from vllm_slots import vllm_slot
 
 from kk3evidence.analysis.engine import analyze
@@ -52,12 +52,6 @@ def vllm() -> Path:
 def vllm_lock() -> Iterator[None]:
     with vllm_slot():
         yield
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve(vllm: Path, port: int, *extra: str) -> list[str]:

@@ -4,13 +4,13 @@ the first step whose outcome changes, reuses the server for request-only steps, 
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from progs.helpers import free_port
 
 from kk3evidence.capture.ladder.run import (
     NoProgress,
@@ -104,12 +104,6 @@ SERVER = textwrap.dedent(
     srv.serve_forever()
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,6 +44,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from progs.helpers import free_port
 from vllm_slots import vllm_slot
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,12 +78,6 @@ def skip_or_fail(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"CI=true but a prerequisite is missing: {reason}")
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
