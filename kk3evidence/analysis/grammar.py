@@ -343,11 +343,13 @@ def is_tb_header(stripped: str) -> bool:
 # the exception class (`RayActorError      Traceback (most recent call last)`, no colon), frames
 # as `File /path/x.py:89, in LLM.__init__(self, …)` (JupyterLab renders the path as a link:
 # `File [/path/x.py:195](…), in …`), the cell as `Cell In[3], line 1` (IPython 8.0-8.3:
-# `Input In [3], in <cell line: 1>()`; IPython 7: `<ipython-input-3-…> in <module>`), numbered
+# `Input In [3], in <cell line: 1>()`; IPython 7: `<ipython-input-3-…> in <module>`; Databricks:
+# `File <command-2469377940857761>, line 10`), numbered
 # source lines with the current one marked `--> 195` at column 0, the exception line last.
 _IPY_HEADER_RE = re.compile(r"^[A-Za-z_][\w.]*\s+Traceback \(most recent call last\)$")
 _IPY_FRAME_RE = re.compile(
     r"^(?:File \[?(?:/|~|\.|[A-Za-z]:[\\/]).*?:\d+(?:\]\([^)\s]*\))?, in \S"
+    r"|File <[\w.-]+>, line \d+"  # Databricks' notebook cell: `File <command-246…>, line 10`
     r"|Cell In ?\[\d+\], line \d+"
     r"|Input In ?\[\d+\], in \S"
     r"|<ipython-input-[\w-]+> in \S)"
@@ -356,7 +358,15 @@ _IPY_FRAME_HEADS = frozenset("FCI<")
 _IPY_SOURCE_RE = re.compile(r"^-+> ?\s*\d+\b")
 #: literal marks of a frame line at column 0 in IPython's format (the engine looks for them
 #: where no anchor makes it look at a line: an excerpt that begins in an IPython traceback)
-IPY_FRAME_MARKS = ("File /", "File [", "File ~", "Cell In[", "Input In [", "<ipython-input-")
+IPY_FRAME_MARKS = (
+    "File /",
+    "File [",
+    "File ~",
+    "File <command-",
+    "Cell In[",
+    "Input In [",
+    "<ipython-input-",
+)
 # A paste's elision marker inside the frames ("...", "[ ...... ]", "<snip>", "[truncated]"):
 # frames may follow it, and it is no exception line.
 _ELISION_RE = re.compile(
