@@ -85,7 +85,16 @@ _NOT_ERRORS = frozenset({"DEBUG", "INFO", "WARNING"})
 # A frame run (see AnalysisEngine._frame_run) stops before lines the envelope parser treats
 # specially (ANSI remnants, Ray's repeat suffix) or that open a new traceback.
 # (bytes.find per stop: several times faster than one regex alternation over a run)
-_RUN_STOPS = (b"|", b"\x1b", b"\x00", b"^[[", b"[0m", b"across cluster]", TB_HEADER.encode())
+_RUN_STOPS = (
+    b"|",
+    b"\x1b",
+    b"\x00",
+    b"^[[",
+    b"[0m",
+    b"[0;0m",
+    b"across cluster]",
+    TB_HEADER.encode(),
+)
 _BARE_CR = re.compile(rb"\r(?!\n)")
 _MAX_RUN_PATTERNS = 64
 # An indented body (or none) that the envelope parser would not peel; the lookahead refuses

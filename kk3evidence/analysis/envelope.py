@@ -143,6 +143,15 @@ _MD_LIST_RE = re.compile(
     r"^[-*+][ \t]+(?=\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}"
     r"|\([A-Za-z][A-Za-z0-9_\-]*(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3}\s+pid=\d)"
 )
+# Google Cloud Logging's text export (`gcloud logging read`, the Logs Explorer's download):
+# the entry's severity and receive time, on GKE the container label, then the line as written.
+# The severity is the agent's (stdout INFO, stderr ERROR), not the program's: only the time is
+# kept, and the line's own level prefix decides.
+_CLOUD_LOGGING_RE = re.compile(
+    r"^(?:DEFAULT|DEBUG|INFO|NOTICE|WARNING|ERROR|CRITICAL|ALERT|EMERGENCY) "
+    r"(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z) "
+    r"(?:\[resource\.labels\.[\w.]+: [^\]\n]*\] )?"
+)
 _BRACKET_TS_RE = re.compile(
     r"^\[(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\]\s+"
 )
@@ -237,7 +246,7 @@ def decode_line(raw: bytes | str) -> str:
         text = _CARET_ANSI_RE.sub("", text)
     if "\x00" in text:
         text = text.replace("\x00", "")
-    if "[0m" in text:
+    if "[0m" in text or "[0;0m" in text:  # vLLM's own colour codes end with `[0;0m`
         text = _ANSI_REMNANT_RE.sub("", text).lstrip()
     return text
 
@@ -348,6 +357,10 @@ def _y_nothing(m: re.Match[str], acc: _Acc) -> None:
 
 def _y_compose(m: re.Match[str], acc: _Acc) -> None:
     acc.wrapper = m.group("svc") or "|"
+
+
+def _y_cloud_logging(m: re.Match[str], acc: _Acc) -> None:
+    acc.timestamp = m.group("ts")
 
 
 def _y_iso(m: re.Match[str], acc: _Acc) -> None:
@@ -543,6 +556,35 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note="a pasted line in a markdown list item, before a timestamp or a vLLM process tag",
+    ),
+    EnvelopeFormat(
+        name="cloud_logging",
+        layer="wrapper",
+        guard=Guard(first=frozenset("DINWECA"), literal="Z ", within=(20, 50)),
+        regex=_CLOUD_LOGGING_RE,
+        apply=_y_cloud_logging,
+        yields=("timestamp",),
+        samples=(
+            Sample(
+                line=(
+                    "INFO 2025-11-19T20:16:36.096638074Z [resource.labels.containerName: vllm] "
+                    "(EngineCore_DP0 pid=270) ERROR 11-19 12:16:36 [v1/engine/core.py:842] "
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.47 GiB."
+                ),
+                body="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.47 GiB.",
+                process="EngineCore_DP0 pid=270",
+                level="ERROR",
+            ),
+            Sample(
+                line=(
+                    "ERROR 2025-03-30T23:51:21.303592681Z [rank0]: "
+                    "Traceback (most recent call last):"
+                ),
+                body="Traceback (most recent call last):",
+                process="rank0",
+            ),
+        ),
+        note="Google Cloud Logging's text export: severity, receive time, GKE container label",
     ),
     EnvelopeFormat(
         name="compose",
