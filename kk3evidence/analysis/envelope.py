@@ -180,8 +180,10 @@ _VLLM_LEVEL_RE = re.compile(
 )
 _RANK_TAG_RE = re.compile(r"^\[[Rr]ank\s*(?P<rank>\d+)\]:?\s?")
 _TORCHRUN_RE = re.compile(r"^\[(?:[Rr]ank|default)(?P<rank>\d+)\]:\s?")
+# c10d writes the month without a leading zero (MMDD in three digits):
+# `[E421 04:13:43.457389636 ProcessGroupGloo.cpp:143]`
 _TORCH_CPP_RE = re.compile(
-    r"^\s*\[(?P<level>[DIWEF])(?:(?P<date>\d{4})\s+(?P<time>\d{2}:\d{2}:\d{2}(?:\.\d+)?))?"
+    r"^\s*\[(?P<level>[DIWEF])(?:(?P<date>\d{3,4})\s+(?P<time>\d{2}:\d{2}:\d{2}(?:\.\d+)?))?"
     r"(?:\s+(?P<tid>\d+))?\s+(?P<src>[A-Za-z0-9_.\-/]+:\d+)\]\s?"
 )
 _NCCL_RE = re.compile(
@@ -786,11 +788,9 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
                     "[rank6]:[W806 22:23:09.971726955 socket.cpp:487] [c10d] waitForInput: "
                     "socket SocketImpl(fd=109) timed out after 1800000ms"
                 ),
-                body=(
-                    "[W806 22:23:09.971726955 socket.cpp:487] [c10d] waitForInput: socket "
-                    "SocketImpl(fd=109) timed out after 1800000ms"
-                ),
+                body="[c10d] waitForInput: socket SocketImpl(fd=109) timed out after 1800000ms",
                 process="rank6",
+                level="WARNING",
             ),
         ),
         note="torchrun's per-rank prefix",
