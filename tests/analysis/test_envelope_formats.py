@@ -111,3 +111,13 @@ def test_nccl_ras_bind_is_noise_but_a_bootstrap_bind_is_a_failure() -> None:
     assert _analyze(ras).first_failure is None
     ff = _analyze(boot).first_failure
     assert ff is not None and ff.category == "nccl"
+
+
+def test_vllm_colour_codes_pasted_without_their_escape_byte_are_dropped() -> None:
+    line = parse_line(
+        1,
+        "INFO 2025-03-30T23:51:21.299840450Z [1;36m(VllmWorkerProcess pid=630)[0;0m ERROR "
+        "03-30 23:51:21 multiproc_worker_utils.py:243] KeyError: 'layers.32.k_scale'",
+    )
+    assert line.body == "KeyError: 'layers.32.k_scale'"
+    assert (line.process, line.level) == ("VllmWorkerProcess pid=630", "ERROR")

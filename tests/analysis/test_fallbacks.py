@@ -350,6 +350,10 @@ def test_a_frames_only_excerpt_gives_the_same_answer_in_any_block_size(
         ("oneCCL: the frob ring broke", "nccl"),
         ("frob heads (12) must be divisible by tp (8)", "config"),
         ("Cannot access gated repo for frob", "weights"),
+        ("frob needs a chat template if the tokenizer does not define one", "config"),
+        ("frob's watchdog got stuck for 480 seconds", "hang"),
+        ("1 Workers (tasks / actors) killed due to memory pressure", "oom"),
+        ("frob.so: undefined symbol: cuTensorMapEncodeTiled", "driver_mismatch"),
     ],
 )
 def test_a_fallback_takes_the_category_of_its_family_words(message: str, category: str) -> None:
@@ -387,3 +391,29 @@ def test_a_last_resort_line_takes_the_category_of_the_component_that_printed_it(
     )
     ff = a.first_failure
     assert ff is not None and ff.basis == "fallback" and ff.category == "nccl"
+
+
+def test_a_response_models_validation_error_is_a_serving_failure() -> None:
+    # pydantic's ValidationError for a `…Response` model: the server could not serialise what
+    # the engine gave it (a 500), not a configuration error (ENG021 before CFG001).
+    a = _an(
+        "(APIServer pid=11) ERROR 07-15 01:39:25 [serving.py:1007] pydantic_core._pydantic_core"
+        ".ValidationError: 2 validation errors for ChatCompletionStreamResponse\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.rule == "ENG021"
+    assert (ff.stage, ff.category) == ("serving", "other")
+
+
+def test_an_exception_repr_logged_before_its_traceback_is_the_first_failure() -> None:
+    # vLLM's V0 engine loop logs `repr(e)` first; the traceback after it is cut here.
+    a = _an(
+        "INFO 11-20 19:56:18 engine.py:267] Added request embd-1.\n"
+        "CRITICAL 11-20 19:56:18 launcher.py:99] MQLLMEngine is already dead, terminating "
+        "server process\n"
+        "ERROR 11-20 19:56:18 engine.py:135] RuntimeError('stack expects each tensor to be "
+        "equal size')\n"
+        "ERROR 11-20 19:56:18 engine.py:135] Traceback (most recent call last):\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.line_no == 3 and ff.rule == "EXC003"
