@@ -6,8 +6,10 @@ Definitions used here (documented in docs/rules-format.md):
   *consequence* when (a) an earlier failure has the same rule (the same cause repeated by
   another rank/process or re-printed by a parent process), (b) it is a later exception of a
   chained traceback whose earlier exception was already classified, (c) it comes from a
-  fallback rule (an unrecognised exception) after a recognised failure (unless every earlier
-  root is a fallback of weaker ``evidence``: then it is a root too, and ranked), or (d) it is
+  fallback rule (an unrecognised exception) after a recognised failure of severity
+  ``fatal``/``error`` (unless every earlier such root is a fallback of weaker ``evidence``: then
+  it is a root too, and ranked; a warning such as a KV-cache preemption explains no
+  exception), or (d) it is
   an OOM, compile or "other" failure after an earlier CUDA/driver/NCCL/illegal-memory failure.
 * Consequence rules (``kind = "consequence"``) never become the first failure while any root
   exists.
@@ -335,8 +337,10 @@ def _earlier_cause(
     r = h.rule
     if r.fallback:
         cause = texts.get(_exc_text(h.line.body))
-        if cause is None and roots and not _outranks(h, roots):
-            cause = roots[0]
+        # a warning (KV-cache preemption, a slow broadcast) does not explain an exception
+        serious = [x for x in roots if x.rule.severity in _SERIOUS]
+        if cause is None and serious and not _outranks(h, serious):
+            cause = serious[0]
         return cause
     if r.category in _AFTERMATH:
         for root in roots:

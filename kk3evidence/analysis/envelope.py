@@ -155,6 +155,8 @@ _CLOUD_LOGGING_RE = re.compile(
 _BRACKET_TS_RE = re.compile(
     r"^\[(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\]\s+"
 )
+# Colour codes as rsyslog writes them (control characters escaped as `#` and octal: `#033[33m`)
+_SYSLOG_ESC_RE = re.compile(r"#033\[[0-9;]*[A-Za-z]")
 # Colour codes whose ESC byte was lost (pasted logs): " [36m(RayWorkerVllm pid=1) [0m ..."
 _ANSI_REMNANT_RE = re.compile(r"(?<![\w\]])\[(?:\d{1,3}(?:;\d{1,3})*)?m(?![\w])")
 
@@ -248,6 +250,8 @@ def decode_line(raw: bytes | str) -> str:
         text = _CARET_ANSI_RE.sub("", text)
     if "\x00" in text:
         text = text.replace("\x00", "")
+    if "#033[" in text:  # rsyslog/journald escape ESC as `#033`
+        text = _SYSLOG_ESC_RE.sub("", text)
     if "[0m" in text or "[0;0m" in text:  # vLLM's own colour codes end with `[0;0m`
         text = _ANSI_REMNANT_RE.sub("", text).lstrip()
     return text

@@ -64,13 +64,15 @@ _TOKENS = (
     b"\nF2",
     b"level=error",
     b"level=fatal",
+    b"level=ERROR",
+    b"level=FATAL",
 )  # (`\nE0`…: a glog line `E1201 10:00:00 …` / `E20260608 …` after the first line)
 
 # Error levels the envelope parser does not peel (it knows vLLM's, Python logging's, torchrun's
 # and bracketed `[ERROR]`): Ray core `[date time,ms E pid tid]`, glog/c10d `[E1201 …` or
 # `E1201 10:00:00` (c10d writes the month without a leading zero: `[E822 …`; Ascend's glog
 # the year: `E20260608`), a level word among the first few fields (`[ts] ERROR …`,
-# `ts ERROR: …`), oneCCL's `|CCL_ERROR|`, logfmt `level=error`.
+# `ts ERROR: …`), oneCCL's `|CCL_ERROR|`, logfmt `level=error` (Go's slog: `level=ERROR`).
 _LEVEL_TEXT = re.compile(
     r"""^(?:
         \[[^\]\n]{0,48}\s[EF]\s\d+\s\d+\]
@@ -78,7 +80,7 @@ _LEVEL_TEXT = re.compile(
       | [EF]\d{3,8}\s\d\d:\d\d:\d\d
       | (?:\S+\s+){0,3}\[?(?:ERROR|CRITICAL|FATAL)\]?(?=[\s:|\-]|$)
       | .{0,96}?\|(?:[A-Z]+_)?(?:ERROR|FATAL)\|
-      | .{0,96}?\blevel=(?:error|fatal)\b
+      | .{0,96}?\blevel=(?:error|fatal|ERROR|FATAL)\b
     )""",
     re.X,
 )

@@ -352,7 +352,7 @@ def test_a_frames_only_excerpt_gives_the_same_answer_in_any_block_size(
         ("Cannot access gated repo for frob", "weights"),
         ("frob needs a chat template if the tokenizer does not define one", "config"),
         ("frob's watchdog got stuck for 480 seconds", "hang"),
-        ("1 Workers (tasks / actors) killed due to memory pressure", "oom"),
+        ("the frob workers were killed due to memory pressure", "oom"),
         ("frob.so: undefined symbol: cuTensorMapEncodeTiled", "driver_mismatch"),
     ],
 )
