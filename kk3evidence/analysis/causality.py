@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kk3evidence.analysis.classify import Classified
+from kk3evidence.analysis.grammar import LogLine
 from kk3evidence.analysis.rules import StageHints
 from kk3evidence.model import STAGES, Finding, StageSpan, StageStatus
 
@@ -337,8 +338,9 @@ def _earlier_cause(
     r = h.rule
     if r.fallback:
         cause = texts.get(_exc_text(h.line.body))
-        # a warning (KV-cache preemption, a slow broadcast) does not explain an exception
-        serious = [x for x in roots if x.rule.severity in _SERIOUS]
+        # a KV-cache preemption notice (a warning about throughput) explains no exception; a
+        # warning that announces a crash (prefix caching forced on) still does
+        serious = [x for x in roots if not _notice(x)]
         if cause is None and serious and not _outranks(h, serious):
             cause = serious[0]
         return cause
@@ -471,14 +473,16 @@ def _context_categories(
 ) -> dict[int, str]:
     """Line -> category for failures (and consequences, which stand in for an unstated cause)
     whose rule's category the context may replace
-    (``category_context`` in ``rules/stage-hints.toml``): the failure line's own words first,
-    then the frames of its traceback (innermost first), then the nearest hinted line; for a
-    fallback (no rule's grammar matched the line) last the rule set's own words in the line
-    (``word_category``: anchors of specific rules that all name one category)."""
+    (``category_context`` in ``rules/stage-hints.toml``): the failure line's own words first
+    (``self``), then the frames of its traceback (innermost first), then the family words of
+    the line (``words``), then the nearest hinted line; for a fallback (no rule's grammar
+    matched the line) last the rule set's own words in the line (``word_category``: anchors of
+    specific rules that all name one category) and the component that printed it."""
     if not policy.category_context:
         return {}
     out: dict[int, str] = {}
-    said: dict[str, str | None] = {}  # the words of repeated lines (a crash loop) looked up once
+    # the words of repeated lines (a crash loop) looked up once: (self, family words)
+    said: dict[str, tuple[str | None, str | None]] = {}
     for h in kept:
         r = h.rule
         if r.kind not in ("failure", "consequence") or r.category not in policy.category_context:
@@ -486,15 +490,20 @@ def _context_categories(
         if r.id in policy.fixed_rules:
             continue
         ln = h.line
-        if ln.body in said:
-            got = said[ln.body]
-        else:
-            got = said[ln.body] = policy.self_category(ln.body)
+        own_words = said.get(ln.body)
+        if own_words is None:
+            own_words = said[ln.body] = (
+                policy.self_category(ln.body),
+                policy.words_category(ln.body),
+            )
+        got = own_words[0]
         if got is None and ln.tb_chain is not None:
             own = [e for e in index.by_chain.get(ln.tb_chain, []) if e.index <= ln.tb_index]
             if own:
                 first_index = min(e.index for e in own)
                 got = [e for e in own if e.index == first_index][-1].stage
+        if got is None:
+            got = own_words[1]
         if got is None:
             no = ln.line_no
             near = [
@@ -507,18 +516,34 @@ def _context_categories(
         if got is None and r.fallback and word_category is not None:
             got = word_category(ln.body)
         if got is None and r.fallback:
-            got = _prefix_category(ln.text, ln.body, policy)
+            got = _component_category(ln, policy)
         if got is not None and got != r.category:
             out[ln.line_no] = got
     return out
 
 
-def _prefix_category(text: str, body: str, policy: StageHints) -> str | None:
-    """The family words of the envelope the parser peeled off a line, last: the component that
-    printed it (CANN's `[ERROR] HCCL(pid,proc):…`, a glog or vLLM source file such as
-    `[pynccl.py:113]`) says which library reported a failure whose message names none."""
-    cut = text.rfind(body) if body else -1
-    return policy.self_category(text[:cut]) if cut > 0 else None
+# CANN's log prefix names the module that printed the line: `[ERROR] HCCL(36035,proc):…`
+_CANN_MODULE_RE = re.compile(r"^\[[A-Z]+\] ([A-Z][A-Z_]+)\(\d")
+
+
+def _component_category(ln: LogLine, policy: StageHints) -> str | None:
+    """The family words of the component that printed a line, last: its source file
+    (`[pynccl.py:113]`, a glog `ProcessGroupNCCL.cpp:1484`) or CANN's module (`HCCL(…)`). Only
+    these envelope fields: a wrapper's names (a compose service `vllm-nccl-1 |`, a pod) say
+    nothing about the failure."""
+    parts = [ln.source_file or ""]
+    m = _CANN_MODULE_RE.match(ln.text)
+    if m:
+        parts.append(m.group(1))
+    joined = " ".join(p for p in parts if p)
+    if not joined:
+        return None
+    return policy.self_category(joined) or policy.words_category(joined)
+
+
+def _notice(h: Classified) -> bool:
+    """A warning that reports load, not a fault: KV-cache preemption (KV007)."""
+    return h.rule.severity not in _SERIOUS and h.rule.category == "kv_cache"
 
 
 def _outranks(h: Classified, roots: list[Classified]) -> bool:

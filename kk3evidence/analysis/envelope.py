@@ -250,8 +250,12 @@ def decode_line(raw: bytes | str) -> str:
         text = _CARET_ANSI_RE.sub("", text)
     if "\x00" in text:
         text = text.replace("\x00", "")
-    if "#033[" in text:  # rsyslog/journald escape ESC as `#033`
-        text = _SYSLOG_ESC_RE.sub("", text)
+    if "#0" in text:  # rsyslog escapes control characters: ESC as `#033`, CR as `#015`
+        if "#033[" in text:
+            text = _SYSLOG_ESC_RE.sub("", text)
+        if "#015" in text:  # a CR: the last non-empty segment, as for a real one
+            segs = [s for s in text.split("#015") if s.strip()]
+            text = segs[-1] if segs else ""
     if "[0m" in text or "[0;0m" in text:  # vLLM's own colour codes end with `[0;0m`
         text = _ANSI_REMNANT_RE.sub("", text).lstrip()
     return text

@@ -349,7 +349,7 @@ def is_tb_header(stripped: str) -> bool:
 _IPY_HEADER_RE = re.compile(r"^[A-Za-z_][\w.]*\s+Traceback \(most recent call last\)$")
 _IPY_FRAME_RE = re.compile(
     r"^(?:File \[?(?:/|~|\.|[A-Za-z]:[\\/]).*?:\d+(?:\]\([^)\s]*\))?, in \S"
-    r"|File <[\w.-]+>, line \d+"  # Databricks' notebook cell: `File <command-246…>, line 10`
+    r"|File <command-\d+>, line \d+"  # Databricks' notebook cell: `File <command-246…>, line 10`
     r"|Cell In ?\[\d+\], line \d+"
     r"|Input In ?\[\d+\], in \S"
     r"|<ipython-input-[\w-]+> in \S)"

@@ -80,7 +80,7 @@ _LEVEL_TEXT = re.compile(
       | [EF]\d{3,8}\s\d\d:\d\d:\d\d
       | (?:\S+\s+){0,3}\[?(?:ERROR|CRITICAL|FATAL)\]?(?=[\s:|\-]|$)
       | .{0,96}?\|(?:[A-Z]+_)?(?:ERROR|FATAL)\|
-      | .{0,96}?\blevel=(?:error|fatal|ERROR|FATAL)\b
+      | .{0,96}?(?<![\w-])level=(?:error|fatal|ERROR|FATAL)\b
     )""",
     re.X,
 )

@@ -82,8 +82,9 @@ class Rule:
     match: tuple[str, ...]
     no_match: tuple[str, ...]
     consequence_of: frozenset[str] | None
-    # noise: "shutdown" = only after a requested shutdown; failure: "unready" = only in a log
-    # that never reaches ready (a retry that may still succeed)
+    # noise: "shutdown" = only after a requested shutdown; failure or consequence: "unready" =
+    # only in a log that never reaches ready (a retry that may still succeed, a notice that a
+    # healthy run prints too)
     when: str | None = None
     # milestone: "complete" (stage done), "ready" (the server answers: complete + serving starts
     # at the next failure), "shutdown" (a stop was requested)
@@ -341,8 +342,8 @@ def iter_rule_problems(
             yield f"{where}: consequence_of is only for kind = 'consequence'"
         if r.get("when") == "shutdown" and kind != "noise":
             yield f"{where}: when = 'shutdown' is only for kind = 'noise'"
-        if r.get("when") == "unready" and kind != "failure":
-            yield f"{where}: when = 'unready' is only for kind = 'failure'"
+        if r.get("when") == "unready" and kind not in ("failure", "consequence"):
+            yield f"{where}: when = 'unready' is only for kind = 'failure' or 'consequence'"
         if r.get("marks") and kind != "milestone":
             yield f"{where}: marks is only for kind = 'milestone'"
         if not _as_list(r.get("match")):
@@ -497,7 +498,7 @@ def check_rules() -> RuleSet:
 
 STAGE_HINTS_SCHEMA = FORMAT_IDS["stage-hints"]
 _HINT_KEYS = frozenset({"stage", "frame", "line"})
-_CAT_HINT_KEYS = frozenset({"category", "frame", "line", "self"})
+_CAT_HINT_KEYS = frozenset({"category", "frame", "line", "self", "words"})
 _HINTS_TOP = frozenset(
     {
         "schema",
@@ -559,6 +560,8 @@ class StageHints:
     cat_frame: tuple[tuple[str, str], ...] = ()  # (substring of a frame line, category)
     cat_line: tuple[tuple[str, str], ...] = ()  # (substring of a nearby line, category)
     cat_self: tuple[tuple[str, str], ...] = ()  # (substring of the failure line, category)
+    # family words: substrings of the failure line, looked at after its traceback's frames
+    cat_words: tuple[tuple[str, str], ...] = ()
     # Derived from ``frame``: function names (``in <name>`` hints) and the other substrings.
     frame_funcs: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     frame_subs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
@@ -600,6 +603,13 @@ class StageHints:
 
     def self_category(self, body: str) -> str | None:
         for needle, cat in self.cat_self:
+            if needle in body:
+                return cat
+        return None
+
+    def words_category(self, body: str) -> str | None:
+        """The category of the first family word (``words``) in ``body``."""
+        for needle, cat in self.cat_words:
             if needle in body:
                 return cat
         return None
@@ -658,7 +668,7 @@ def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> Stag
     bad = [c for c in cat_ctx if c not in CATEGORIES]
     if bad:
         raise RuleError(f"{source}: unknown category {bad[0]!r} in category_context")
-    cframe, cline, cself = _category_hints(doc.get("category_hint", []), source)
+    cframe, cline, cself, cwords = _category_hints(doc.get("category_hint", []), source)
     return StageHints(
         context_categories=frozenset(cats),
         fixed_rules=frozenset(fixed),
@@ -670,17 +680,18 @@ def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> Stag
         cat_frame=cframe,
         cat_line=cline,
         cat_self=cself,
+        cat_words=cwords,
     )
 
 
 _Pairs = tuple[tuple[str, str], ...]
 
 
-def _category_hints(hints: Any, source: str) -> tuple[_Pairs, _Pairs, _Pairs]:
-    """``[[category_hint]]`` tables -> (frame, line, self) (needle, category) pairs."""
+def _category_hints(hints: Any, source: str) -> tuple[_Pairs, _Pairs, _Pairs, _Pairs]:
+    """``[[category_hint]]`` tables -> (frame, line, self, words) (needle, category) pairs."""
     if not isinstance(hints, list):
         raise RuleError(f"{source}: category_hint must be an array of tables ([[category_hint]])")
-    out: dict[str, list[tuple[str, str]]] = {"frame": [], "line": [], "self": []}
+    out: dict[str, list[tuple[str, str]]] = {"frame": [], "line": [], "self": [], "words": []}
     for i, h in enumerate(hints):
         where = f"category_hint #{i + 1}"
         if not isinstance(h, dict):
@@ -693,7 +704,7 @@ def _category_hints(hints: Any, source: str) -> tuple[_Pairs, _Pairs, _Pairs]:
             raise RuleError(f"{source}: {where}: category {cat!r} is not one of {list(CATEGORIES)}")
         for key, pairs in out.items():
             pairs += [(x, cat) for x in _str_list(h.get(key, []), f"{where}: {key}", source)]
-    return tuple(out["frame"]), tuple(out["line"]), tuple(out["self"])
+    return tuple(out["frame"]), tuple(out["line"]), tuple(out["self"]), tuple(out["words"])
 
 
 @functools.lru_cache(maxsize=1)

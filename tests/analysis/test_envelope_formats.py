@@ -121,3 +121,23 @@ def test_vllm_colour_codes_pasted_without_their_escape_byte_are_dropped() -> Non
     )
     assert line.body == "KeyError: 'layers.32.k_scale'"
     assert (line.process, line.level) == ("VllmWorkerProcess pid=630", "ERROR")
+
+
+def test_rsyslog_escaped_colour_codes_and_carriage_returns_are_dropped() -> None:
+    line = parse_line(
+        1, "#033[2m#033[33m(raylet)#033[0m node_manager.cc:3007: 2 Workers (tasks /"
+    )
+    assert line.body.endswith("node_manager.cc:3007: 2 Workers (tasks /")
+    assert "#033" not in line.text
+    frame = parse_line(2, '  File "/v/gpu_model_runner.py", line 9, in capture_model#015')
+    assert frame.body == '  File "/v/gpu_model_runner.py", line 9, in capture_model'
+
+
+def test_c10d_glog_prefix_with_a_three_digit_month_is_peeled() -> None:
+    line = parse_line(
+        1,
+        "[rank6]:[E421 04:13:43.457389636 ProcessGroupGloo.cpp:143] Rank 6 successfully "
+        "reached monitoredBarrier",
+    )
+    assert line.body == "Rank 6 successfully reached monitoredBarrier"
+    assert (line.level, line.rank) == ("ERROR", 6)

@@ -417,3 +417,89 @@ def test_an_exception_repr_logged_before_its_traceback_is_the_first_failure() ->
     )
     ff = a.first_failure
     assert ff is not None and ff.line_no == 3 and ff.rule == "EXC003"
+
+
+def test_family_words_come_after_the_failing_tracebacks_frames() -> None:
+    # "does not support" is a config family word, but an exception raised inside Triton's
+    # compiler is a compile failure: the frame decides first.
+    a = _an(
+        "Traceback (most recent call last):\n"
+        '  File "/x/triton/compiler/compiler.py", line 3, in compile\n'
+        "FrobError: this GPU does not support frob\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.category == "compile"
+
+
+def test_a_wrappers_name_does_not_give_a_category() -> None:
+    # a compose service called `vllm-nccl-1` says nothing about the failure in its line
+    a = _an("vllm-nccl-1  | ERROR 01-01 00:00:00 [x.py:1] FrobError: frob went away\n")
+    ff = a.first_failure
+    assert ff is not None and ff.category == "other"
+
+
+def test_a_kv_preemption_warning_explains_no_exception_after_it() -> None:
+    a = _an(
+        "WARNING 11-27 02:04:48 scheduler.py:1481] Sequence group cmpl-1 is preempted by "
+        "PreemptionMode.SWAP mode because there is not enough KV cache space. This can affect "
+        "the end-to-end performance.\n"
+        "ERROR 11-27 02:04:48 engine.py:135] AssertionError()\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.line_no == 2 and ff.rule == "EXC003"
+
+
+def test_a_warning_that_announces_a_crash_still_explains_it() -> None:
+    a = _an(
+        "(APIServer pid=1) WARNING 09-03 10:00:00 [arg_utils.py:3034] This model does not "
+        "officially support prefix caching. Enabling this manually may cause the engine to "
+        "crash.\n"
+        "Traceback (most recent call last):\n"
+        '  File "/v/x.py", line 1, in f\n'
+        "AssertionError\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.rule == "PFX006"
+
+
+_READY = (
+    "(APIServer pid=1) INFO 01-01 00:00:00 [api_server.py:1] Starting vLLM API server 0 on "
+    "http://0.0.0.0:8000\n"
+    '(APIServer pid=1) INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK\n'
+)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # NVSHMEM tries its transports in turn (NCCL029)
+        "WARN: init failed for remote transport: ibrc",
+        # Ray at the end of a job (CSQ022)
+        "Unhandled error (suppress with 'RAY_IGNORE_UNHANDLED_ERRORS=1'): ray::X.f() (pid=1)",
+        # a library file that could not be loaded, in a run that still became ready (EXC014)
+        "rocblaslt error: Could not load /x/TensileLibrary_lazy_gfx942.dat",
+    ],
+)
+def test_notices_that_healthy_runs_print_too_count_only_before_ready(line: str) -> None:
+    assert _an(f"{line}\n").first_failure is not None
+    assert _an(f"{_READY}{line}\n").first_failure is None
+
+
+def test_an_nvshmem_transport_notice_does_not_hide_a_later_failure() -> None:
+    a = _an(
+        "WARN: init failed for remote transport: ibrc\n"
+        "(EngineCore_DP0 pid=1) ERROR 01-01 00:00:00 [core.py:1] torch.OutOfMemoryError: CUDA "
+        "out of memory. Tried to allocate 2.00 GiB.\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.line_no == 2 and ff.category == "oom"
+
+
+def test_an_echoed_log_level_flag_is_no_error_line() -> None:
+    a = _an(
+        "INFO 01-01 00:00:00 [x.py:1] start\n"
+        "+ exec vllm serve m --uvicorn-log-level=ERROR\n"
+    )
+    assert a.first_failure is None
+    b = _an('time=2025-06-14T12:45:06.871+01:00 level=ERROR source=server.go:4 msg="runner died"\n')
+    assert b.first_failure is not None and b.first_failure.rule == "EXC010"

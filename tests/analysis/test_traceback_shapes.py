@@ -208,3 +208,20 @@ def test_the_one_pass_run_cut_equals_the_bytes_find_path(
 def test_the_run_scanner_is_built_where_hyperscan_is_installed() -> None:
     pytest.importorskip("hyperscan")
     assert engine._run_scanner()[0] is not None
+
+
+def test_a_databricks_notebook_cell_frame_keeps_the_ipython_traceback_open() -> None:
+    from kk3evidence.analysis.engine import analyze
+
+    a = analyze(
+        b"AssertionError                            Traceback (most recent call last)\n"
+        b"File <command-2469377940857761>, line 10\n"
+        b"      9 )\n"
+        b"---> 10 output = llm.generate([\"Hello\"], sampling_params=sampling_params)\n"
+        b"\n"
+        b"File /local_disk0/env/lib/python3.10/site-packages/vllm/entrypoints/llm.py:157, in "
+        b"LLM.generate(self, prompts)\n"
+        b"--> 157 return self._run_engine(use_tqdm)\n"
+    )
+    ff = a.first_failure
+    assert ff is not None and ff.line_no == 1
