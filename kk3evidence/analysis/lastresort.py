@@ -52,6 +52,7 @@ _FIRST_WINDOW = 1 << 16  # the first call's (doubled up to _WINDOW: a dense cras
 #: decides whether it is in the line's prefix).
 _TOKENS = (
     b"ERROR",
+    b"ERRR",
     b"CRITICAL",
     b"FATAL",
     b" E ",
@@ -71,14 +72,15 @@ _TOKENS = (
 # Error levels the envelope parser does not peel (it knows vLLM's, Python logging's, torchrun's
 # and bracketed `[ERROR]`): Ray core `[date time,ms E pid tid]`, glog/c10d `[E1201 …` or
 # `E1201 10:00:00` (c10d writes the month without a leading zero: `[E822 …`; Ascend's glog
-# the year: `E20260608`), a level word among the first few fields (`[ts] ERROR …`,
+# the year: `E20260608`), a level word among the first few fields (`[ts] ERROR …`; IBM Spyre's
+# runtime writes `ERRR`,
 # `ts ERROR: …`), oneCCL's `|CCL_ERROR|`, logfmt `level=error` (Go's slog: `level=ERROR`).
 _LEVEL_TEXT = re.compile(
     r"""^(?:
         \[[^\]\n]{0,48}\s[EF]\s\d+\s\d+\]
       | (?:\[rank\d+\]:)?\[[EF]\d{3,8}\s
       | [EF]\d{3,8}\s\d\d:\d\d:\d\d
-      | (?:\S+\s+){0,3}\[?(?:ERROR|CRITICAL|FATAL)\]?(?=[\s:|\-]|$)
+      | \s*(?:\S+\s+){0,3}\[?(?:ERROR|ERRR|CRITICAL|FATAL)\]?(?=[\s:|\-]|$)
       | .{0,96}?\|(?:[A-Z]+_)?(?:ERROR|FATAL)\|
       | .{0,96}?(?<![\w-])level=(?:error|fatal|ERROR|FATAL)\b
     )""",
@@ -232,8 +234,11 @@ def _before_stop(
 
 
 def _continuation(body: str) -> bool:
-    """A body that continues a multi-line record: indented, or hardly any words (data)."""
-    return body[:1].isspace() or sum(ch.isalpha() for ch in body[:64]) < 3
+    """A body that continues a multi-line record: indented (unless a level word follows the
+    blanks: ` ERRR 24.01.2026 …` aligns its level with `INFO `), or hardly any words (data)."""
+    if body[:1].isspace():
+        return _LEVEL_TEXT.match(body) is None
+    return sum(ch.isalpha() for ch in body[:64]) < 3
 
 
 def cut_traceback(
