@@ -72,9 +72,9 @@ _TOKENS = (
 # Error levels the envelope parser does not peel (it knows vLLM's, Python logging's, torchrun's
 # and bracketed `[ERROR]`): Ray core `[date time,ms E pid tid]`, glog/c10d `[E1201 …` or
 # `E1201 10:00:00` (c10d writes the month without a leading zero: `[E822 …`; Ascend's glog
-# the year: `E20260608`), a level word among the first few fields (`[ts] ERROR …`; IBM Spyre's
-# runtime writes `ERRR`,
-# `ts ERROR: …`), oneCCL's `|CCL_ERROR|`, logfmt `level=error` (Go's slog: `level=ERROR`).
+# the year: `E20260608`), a level word among the first few fields, after blanks too (`[ts]
+# ERROR …`, `ts ERROR: …`; IBM Spyre's runtime writes ` ERRR`), oneCCL's `|CCL_ERROR|`, logfmt
+# `level=error` (Go's slog: `level=ERROR`).
 _LEVEL_TEXT = re.compile(
     r"""^(?:
         \[[^\]\n]{0,48}\s[EF]\s\d+\s\d+\]

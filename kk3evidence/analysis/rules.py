@@ -602,17 +602,11 @@ class StageHints:
         return None
 
     def self_category(self, body: str) -> str | None:
-        for needle, cat in self.cat_self:
-            if needle in body:
-                return cat
-        return None
+        return _first_needle(self.cat_self, body)
 
     def words_category(self, body: str) -> str | None:
         """The category of the first family word (``words``) in ``body``."""
-        for needle, cat in self.cat_words:
-            if needle in body:
-                return cat
-        return None
+        return _first_needle(self.cat_words, body)
 
     @property
     def line_needles(self) -> tuple[str, ...]:
@@ -620,6 +614,14 @@ class StageHints:
         seen = dict.fromkeys(n for n, _ in self.line)
         seen.update(dict.fromkeys(n for n, _ in self.cat_line))
         return tuple(seen)
+
+
+def _first_needle(pairs: tuple[tuple[str, str], ...], body: str) -> str | None:
+    """The category of the first (needle, category) pair whose needle is in ``body``."""
+    for needle, cat in pairs:
+        if needle in body:
+            return cat
+    return None
 
 
 def _str_list(v: Any, what: str, source: str) -> list[str]:
