@@ -233,6 +233,19 @@ _PYLOG_DASH_RE = re.compile(
 
 
 _LEVEL_INITIALS = frozenset("DIWEC")
+#: Characters of logs copied from web pages and what they stand for: no-break and other
+#: typographic spaces for blanks (indentation included), zero-width characters and byte-order
+#: marks between characters, curly quotes a blog's editor put in for ASCII ones
+#: (`File “/x.py”, line 3`). The engine rewrites a block holding any before it scans it.
+WEB_CHARS: dict[str, str] = {
+    **dict.fromkeys("\u00a0\u2007\u202f\u3000", " "),
+    **dict.fromkeys("\u200b\u200c\u200d\u2060\ufeff", ""),
+    "\u201c": '"',
+    "\u201d": '"',
+    "\u2018": "'",
+    "\u2019": "'",
+}
+_WEB_BLANKS = str.maketrans(WEB_CHARS)
 
 
 def decode_line(raw: bytes | str) -> str:
@@ -250,6 +263,8 @@ def decode_line(raw: bytes | str) -> str:
         text = _CARET_ANSI_RE.sub("", text)
     if "\x00" in text:
         text = text.replace("\x00", "")
+    if not text.isascii():
+        text = text.translate(_WEB_BLANKS)  # logs copied from web pages (WEB_CHARS)
     if "#0" in text:  # rsyslog escapes control characters: ESC as `#033`, CR as `#015`
         if "#033[" in text:
             text = _SYSLOG_ESC_RE.sub("", text)

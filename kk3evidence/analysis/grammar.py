@@ -384,6 +384,13 @@ _BARE_FRAME_RE = re.compile(r"^File \"[^\"]*\", line [0-9]+, in [^\s]")
 # An exception line as a paste may re-indent it: a dotted class name whose last part is
 # capitalised, alone or followed by ": " (source lines are lowercase or carry code after it).
 INDENTED_EXC_RE = re.compile(r"^[ \t]+(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::(?:[ \t]|$)|$)")
+# ... and when the frames are at column 0 (a paste that lost all indentation), the line after a
+# frame is its source line unless it is shaped like an exception line (`Name: …`, `Name`,
+# `pkg.Name(Cause): …`), and a line of carets under it marks the failing expression.
+_BARE_EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:\([\w.]+\))?(?::(?:[ \t]|$)|$)")
+_LEVEL_WORDS = ("INFO ", "WARNING ", "WARN ", "ERROR ", "DEBUG ", "CRITICAL", "FATAL ")
+_STATEMENTS = ("raise ", "return ", "await ", "yield ", "assert ")
+_CARETS_RE = re.compile(r"^[ \t]*[~^]+[ \t~^]*$")
 # A traceback left open this many lines without a line from its process is closed.
 _STALE_LINES = 400
 # After an exception line, a chain separator may follow within this many lines of the process.
@@ -403,6 +410,9 @@ class TracebackState:
     # Indentation of the latest `File "..."` line: an exception-shaped line indented no deeper
     # ends the frames even when a paste indented it (source lines sit deeper than frames).
     frame_indent: int | None = None
+    # Column-0 frames: 2 right after a frame line (its source line may follow), 1 after that
+    # source line (a caret line may follow), else 0.
+    bare_source: int = 0
     header: LogLine | None = None  # the chain's first header line, as labelled (cut_tracebacks)
     # The traceback began without a header in the log (an excerpt starting inside its frames):
     # ``header`` is then its earliest line (the first frame, or source lines just above it).
@@ -493,6 +503,9 @@ class TracebackTracker:
                 return _with_tb(line, "frame", st.chain, st.index)
             if _ANY_FRAME_RE.match(body):
                 st.frame_indent = indent_of(body)
+                st.bare_source = 2 if st.frame_indent == 0 else 0
+                return _with_tb(line, "frame", st.chain, st.index)
+            if st.bare_source and _bare_source_line(st, line):
                 return _with_tb(line, "frame", st.chain, st.index)
             if (not body or body[0] in " \t") and not ends_frames(st, body):
                 return _with_tb(line, "frame", st.chain, st.index)
@@ -539,6 +552,7 @@ class TracebackTracker:
         st.phase = "frames"
         st.last_seen = line.line_no
         st.frame_indent = indent_of(line.body)
+        st.bare_source = 2 if st.frame_indent == 0 else 0
         out = _with_tb(line, "frame", st.chain, st.index)
         if st.headerless and st.header is None:
             st.header = out  # its first frame, until source lines above it are found
@@ -606,6 +620,22 @@ def _ipython_frame_line(body: str) -> bool:
     if head == "-":
         return _IPY_SOURCE_RE.match(body) is not None
     return head in _IPY_FRAME_HEADS and _IPY_FRAME_RE.match(body) is not None
+
+
+def _bare_source_line(st: TracebackState, line: LogLine) -> bool:
+    """Whether ``line``, right after a column-0 frame, is its source or caret line."""
+    body = line.body
+    if body[:1] in ("", " ", "\t") or line.level is not None or body[:8].startswith(_LEVEL_WORDS):
+        # an indented line (the usual frame rules decide) or a log record
+        st.bare_source = 0
+        return False
+    if st.bare_source == 2 and _BARE_EXC_RE.match(body) is None:
+        st.bare_source = 1
+        return True
+    if body.startswith(_STATEMENTS):  # a source line still (a frame glued to the one above)
+        return True
+    st.bare_source = 0
+    return _CARETS_RE.match(body) is not None
 
 
 def indent_of(body: str) -> int:

@@ -225,3 +225,107 @@ def test_a_databricks_notebook_cell_frame_keeps_the_ipython_traceback_open() -> 
     )
     ff = a.first_failure
     assert ff is not None and ff.line_no == 1
+
+
+# --- pastes that lost all indentation (a forum or blog post flattens code blocks) -----------
+
+
+def test_a_traceback_flattened_to_column_0_keeps_its_source_and_caret_lines_as_frames() -> None:
+    log = (
+        "Traceback (most recent call last):\n"
+        'File "/v/engine.py", line 12, in step\n'
+        "outputs = self.model_executor.execute_model(req)\n"
+        "^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        'File "/v/runner.py", line 40, in execute_model\n'
+        "return self.forward(x)\n"
+        'File "/v/runner.py", line 80, in forward\n'
+        "raise ValueError(msg)\n"
+        "ValueError: bad shape"
+    )
+    assert _roles(log) == ["header"] + ["frame"] * 7 + ["exception"]
+
+
+def test_a_flattened_frame_without_source_ends_at_a_dotted_exception_with_its_cause() -> None:
+    log = (
+        "Traceback (most recent call last):\n"
+        'File "<frozen runpy>", line 198, in _run_module_as_main\n'
+        "ray.exceptions.RayTaskError(ValueError): ray::Worker.load() failed"
+    )
+    assert _roles(log) == ["header", "frame", "exception"]
+
+
+def test_a_flattened_raise_after_a_glued_frame_is_still_a_source_line() -> None:
+    """Gaudi's vllm-fork (HabanaAI/vllm-fork#1559, corpus b13-habanapr1559): a torchrun paste
+    without indentation in which one frame was glued to the source line above it."""
+    case = next(CORPUS.glob("b13-habanapr1559-*"))
+    text = (case / "output.log").read_text(encoding="utf-8")
+    assert _roles(text)[6] == "frame"  # `raise NotImplementedError`
+    ff = analyze(case / "output.log").first_failure
+    label = tomllib.loads((case / "case.toml").read_text(encoding="utf-8"))
+    assert ff is not None and ff.line_no == label["first_line"]
+
+
+def test_an_unindented_statement_after_a_caret_line_ends_nothing_it_should_not() -> None:
+    # A log line of another kind after a flattened frame's source: the traceback ends there
+    # (exception role), as it did before flattening was understood: nothing is swallowed.
+    log = (
+        'File "/v/a.py", line 3, in f\n'
+        "x = g()\n"
+        "INFO 12-01 10:00:00 [api_server.py:1] Starting vLLM API server\n"
+        "ERROR 12-01 10:00:01 [core.py:9] EngineCore failed to start."
+    )
+    roles = _roles(log)
+    assert roles[:2] == ["frame", "frame"]
+    assert roles[3] is None
+
+
+# --- characters of web pages: the same log answers the same ---------------------------------
+
+_WEB_CASES = [
+    "b13-habanapr1559-hpu-embedding-warmup-graphs-notimplementederror",
+    "b5-crush611-gptoss-harmony-stream-generator-indented",
+    "b12-9280-lora-modules-to-save-lm-head-unsupported-lora-weight",
+    "b11-8912-llama31-tool-call-keyerror-starlette-frames",
+    "realrun-fail-kv-cache-too-small",
+    "realrun-fail-headdim16-first-request",
+    "issue-6732-pynccl-unhandled-cuda-error",
+]
+_WEB_FORMS = {
+    # every blank a no-break space (an HTML page's &nbsp;)
+    "nbsp": lambda s: s.replace(" ", "\u00a0"),
+    # indentation in ideographic spaces, a zero-width space before each newline
+    "cjk": lambda s: "\n".join(
+        "\u3000" * (len(ln) - len(ln.lstrip(" "))) + ln.lstrip(" ") + "\u200b"
+        for ln in s.split("\n")
+    ),
+    # a blog editor's curly quotes and a byte-order mark at the start
+    "curly": lambda s: "\ufeff"
+    + s.replace('"', "\u201c", 1).replace('"', "\u201d").replace("'", "\u2019"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(_WEB_FORMS))
+@pytest.mark.parametrize("case", _WEB_CASES)
+def test_a_log_copied_from_a_web_page_gets_the_answer_of_the_plain_log(
+    case: str, form: str, tmp_path: Path
+) -> None:
+    src = CORPUS / case / "output.log"
+    plain = analyze(src).first_failure
+    copy = tmp_path / "copied.log"
+    copy.write_bytes(_WEB_FORMS[form](src.read_bytes().decode("utf-8")).encode("utf-8"))
+    got = analyze(copy).first_failure
+    assert plain is not None and got is not None
+    assert (got.line_no, got.category, got.rule) == (plain.line_no, plain.category, plain.rule)
+
+
+def test_web_characters_split_across_read_blocks_are_still_plain_blanks() -> None:
+    """The engine rewrites whole lines: a no-break space whose two bytes straddle a read-block
+    boundary reaches the scanner with the line it belongs to."""
+    line = "ERROR 12-01 10:00:01 [core.py:9]\u00a0torch.OutOfMemoryError:\u00a0CUDA out of memory\n"
+    data = ("INFO 12-01 10:00:00 [a.py:1] x\n" * 3 + line).encode()
+    cut = data.index("\u00a0".encode()) + 1  # between the NBSP's two bytes
+    eng = engine.AnalysisEngine()
+    eng.feed(data[:cut])
+    eng.feed(data[cut:])
+    ff = eng.finish().first_failure
+    assert ff is not None and ff.line_no == 4 and ff.category == "oom"
