@@ -130,8 +130,10 @@ _COMPOSE_RE = re.compile(r"^(?:(?P<svc>[A-Za-z0-9][A-Za-z0-9_.-]*)\s+|[>\"\s]*)\
 _KUBECTL_RE = re.compile(
     r"^\[(?:pod|deployment|statefulset|job|daemonset|replicaset)/[^\]\s]+\]\s+"
 )
-# A pasted/quoted log: markdown block quotes ("> ", "> > ") in front of the real line.
-_QUOTE_RE = re.compile(r"^(?:>[ \t]?)+(?=\S)")
+# A pasted/quoted log: markdown block quotes ("> ", "> > ") in front of the real line. One
+# blank after each `>` belongs to the quote; further blanks are the line's own (a quoted
+# traceback's frames keep their indentation).
+_QUOTE_RE = re.compile(r"^(?:>[ \t]?)+(?=[ \t]*\S)")
 # A paste indented as a whole (a markdown list item, a code block nested in a quote): leading
 # blanks before a vLLM process tag. Only before the tag: a bare indented line may be a frame.
 _INDENTED_RE = re.compile(
@@ -526,6 +528,10 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
                 line="> [2024-09-05T00:38:34Z] INFO:     Started server process [60858]",
                 body="Started server process [60858]",
                 level="INFO",
+            ),
+            Sample(
+                line='>   File "/v/vllm/worker/worker.py", line 241, in load_model',
+                body='  File "/v/vllm/worker/worker.py", line 241, in load_model',
             ),
             Sample(
                 line="> > (APIServer pid=1) ERROR 05-10 12:00:00 [a.py:1] quoted twice",
