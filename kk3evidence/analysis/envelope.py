@@ -130,6 +130,8 @@ _COMPOSE_RE = re.compile(r"^(?:(?P<svc>[A-Za-z0-9][A-Za-z0-9_.-]*)\s+|[>\"\s]*)\
 _KUBECTL_RE = re.compile(
     r"^\[(?:pod|deployment|statefulset|job|daemonset|replicaset)/[^\]\s]+\]\s+"
 )
+# vLLM-Omni's multi-stage pipelines tag each stage's lines: "[Stage-0] ERROR 01-30 …".
+_OMNI_STAGE_RE = re.compile(r"^\[Stage-\d{1,3}\]\s+")
 # A pasted/quoted log: markdown block quotes ("> ", "> > ") in front of the real line. One
 # blank after each `>` belongs to the quote; further blanks are the line's own (a quoted
 # traceback's frames keep their indentation).
@@ -396,6 +398,10 @@ def _y_iso(m: re.Match[str], acc: _Acc) -> None:
 
 def _y_kubectl(m: re.Match[str], acc: _Acc) -> None:
     acc.wrapper = m.string[1 : m.end()].rstrip().rstrip("]")
+
+
+def _y_omni_stage(m: re.Match[str], acc: _Acc) -> None:
+    acc.wrapper = m.group(0).strip()[1:-1]
 
 
 def _y_bracket_ts(m: re.Match[str], acc: _Acc) -> None:
@@ -736,6 +742,25 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note="kubectl logs --prefix",
+    ),
+    EnvelopeFormat(
+        name="omni_stage",
+        layer="wrapper",
+        guard=Guard(first=frozenset("["), second=lambda c: c == "S"),
+        regex=_OMNI_STAGE_RE,
+        apply=_y_omni_stage,
+        yields=("wrapper",),
+        samples=(
+            Sample(
+                line=(
+                    "[Stage-0] ERROR 01-30 18:03:36 [omni_stage.py:1400] RuntimeError: "
+                    "Diffusion generation failed"
+                ),
+                body="RuntimeError: Diffusion generation failed",
+                level="ERROR",
+            ),
+        ),
+        note="vLLM-Omni's stage tag (multi-stage pipelines)",
     ),
     EnvelopeFormat(
         name="bracket_ts",

@@ -288,3 +288,28 @@ def test_a_processor_loaded_after_the_weights_is_not_a_weights_access_failure() 
         ),
     ]
     assert _first(lines)[1] == "engine_init"
+
+
+IMA = P + "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+def test_an_illegal_memory_access_with_no_start_up_in_view_is_a_serving_failure() -> None:
+    # 37 of the corpus's 49 illegal memory accesses struck while requests ran: a slice that
+    # shows no start-up stage and no start-up frame is judged a serving failure.
+    lines = _tb("run_engine_core", "step", "execute_model", exc=IMA)
+    assert _first(lines) == (len(lines), "serving", "illegal_memory")
+
+
+def test_an_illegal_memory_access_during_start_up_keeps_the_start_up_stage() -> None:
+    loading = P.replace("ERROR", "INFO") + "Starting to load model m"
+    assert _first([loading, *_tb("run_engine_core", "forward", exc=IMA)])[1:] == (
+        "weights_access",
+        "illegal_memory",
+    )
+    capture = _tb("run_engine_core", "capture_model", "_dummy_run", exc=IMA)
+    assert _first(capture) == (len(capture), "engine_init", "illegal_memory")
+
+
+def test_a_lora_activation_frame_makes_a_fallback_a_serving_failure() -> None:
+    lines = _tb("worker_busy_loop", "_apply_adapters", "add_adapter", exc=P + "ValueError: bad")
+    assert _first(lines) == (len(lines), "serving", "other")
