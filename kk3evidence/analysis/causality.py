@@ -34,7 +34,7 @@ from typing import Any
 
 from kk3evidence.analysis.classify import Classified
 from kk3evidence.analysis.grammar import LogLine
-from kk3evidence.analysis.rules import StageHints
+from kk3evidence.analysis.rules import UNREADY, StageHints
 from kk3evidence.model import STAGES, Finding, StageSpan, StageStatus
 
 __all__ = ["TIME_ORDER", "HintEvent", "Resolution", "StageEvidence", "resolve", "stage_in_progress"]
@@ -601,6 +601,13 @@ def _failure_stage(
             # Serving code (execute_model) also runs while the engine warms up: when the log
             # shows a start-up stage begun and not finished, the milestones decide.
             hinted = None
+        if hinted == UNREADY:
+            # No serving failure, whatever its code or its rule's usual stage: a rule that
+            # usually strikes while serving takes the stage in progress (else the engine's
+            # start-up); any other is judged as if no hint were there.
+            if r.stage == "serving":
+                return stage_in_progress(no, evidence, default="engine_init")
+            hinted = None
         if hinted is not None:
             return hinted
     if (r.fallback and r.scope != "line") or not r.stage:
@@ -663,18 +670,23 @@ def hinted_stage(
         for e in index.around(no - policy.window_before, no + policy.window_after)
         if chain is None or not (e.frame and e.chain == chain)
     ]
-    start = [e for e in own if e.stage != "serving"]
+    start = [e for e in own if e.stage not in _NOT_START]
     if start:
         # Innermost: the first traceback of the chain, its last hinted frame.
         first_index = min(e.index for e in start)
         return [e for e in start if e.index == first_index][-1].stage
-    start = [e for e in near if e.stage != "serving"]
+    start = [e for e in near if e.stage not in _NOT_START]
     if start:
         # Nearest (the failing traceback's frames follow or precede the line).
         return min(start, key=lambda e: (abs(e.line_no - no), e.line_no)).stage
+    if any(e.stage == UNREADY and e.line_no > no for e in near):
+        return UNREADY  # the engine says below that it never finished starting
     if any(e.stage == "serving" for e in own) or any(e.stage == "serving" for e in near):
         return "serving"
     return None
+
+
+_NOT_START = frozenset(("serving", UNREADY))
 
 
 def _pick_cause(cats: frozenset[str] | None, roots: list[Classified]) -> Classified | None:

@@ -662,8 +662,12 @@ def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> Stag
         if extra:
             raise RuleError(f"{source}: {where}: unknown key {extra[0]!r}")
         stage = h.get("stage")
-        if stage not in STAGES:
-            raise RuleError(f"{source}: {where}: stage {stage!r} is not one of {list(STAGES)}")
+        if stage not in STAGES and stage != UNREADY:
+            raise RuleError(
+                f"{source}: {where}: stage {stage!r} is not one of {[*STAGES, UNREADY]}"
+            )
+        if stage == UNREADY and h.get("frame"):
+            raise RuleError(f"{source}: {where}: an {UNREADY!r} hint takes lines only")
         frame += [(x, stage) for x in _str_list(h.get("frame", []), f"{where}: frame", source)]
         line += [(x, stage) for x in _str_list(h.get("line", []), f"{where}: line", source)]
     cat_ctx = _str_list(doc.get("category_context", []), "category_context", source)
@@ -687,6 +691,10 @@ def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> Stag
 
 
 _Pairs = tuple[tuple[str, str], ...]
+
+#: A ``[[hint]]`` "stage" that is none: its lines say the engine never finished starting
+#: (``EngineCore failed to start``), so a failure just before one is no serving failure.
+UNREADY = "unready"
 
 
 def _category_hints(hints: Any, source: str) -> tuple[_Pairs, _Pairs, _Pairs, _Pairs]:

@@ -313,3 +313,19 @@ def test_an_illegal_memory_access_during_start_up_keeps_the_start_up_stage() -> 
 def test_a_lora_activation_frame_makes_a_fallback_a_serving_failure() -> None:
     lines = _tb("worker_busy_loop", "_apply_adapters", "add_adapter", exc=P + "ValueError: bad")
     assert _first(lines) == (len(lines), "serving", "other")
+
+
+def test_a_failure_the_engine_calls_a_failed_start_is_no_serving_failure() -> None:
+    failed = P + "EngineCore failed to start."
+    ima = _tb("run_engine_core", "forward", exc=IMA)
+    assert _first([*ima, failed])[1:] == ("engine_init", "illegal_memory")
+    # execute_model is serving code, but the engine says it never finished starting
+    exc = _tb("run_engine_core", "execute_model", exc=P + "ValueError: bad shape")
+    assert _first(exc)[1] == "serving"
+    assert _first([*exc, failed])[1] == "engine_init"
+
+
+def test_an_unready_hint_takes_lines_only() -> None:
+    doc = 'schema = "kk3evidence/stage-hints/v1"\n[[hint]]\nstage = "unready"\nframe = ["x"]\n'
+    with pytest.raises(RuleError, match="lines only"):
+        parse_stage_hints(doc, "t.toml")
