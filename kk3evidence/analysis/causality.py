@@ -639,11 +639,12 @@ def _start_up_unfinished(
 class HintIndex:
     """Hint events indexed for lookups around many failures (built once per resolve)."""
 
-    __slots__ = ("by_chain", "events", "lines")
+    __slots__ = ("by_chain", "events", "lines", "unready")
 
     def __init__(self, hints: Sequence[HintEvent]) -> None:
         self.events = sorted(hints, key=lambda e: e.line_no)
         self.lines = [e.line_no for e in self.events]
+        self.unready = [e.line_no for e in self.events if e.stage == UNREADY]
         self.by_chain: dict[int, list[HintEvent]] = {}
         for ev in self.events:
             if ev.frame and ev.chain is not None:
@@ -679,14 +680,27 @@ def hinted_stage(
     if start:
         # Nearest (the failing traceback's frames follow or precede the line).
         return min(start, key=lambda e: (abs(e.line_no - no), e.line_no)).stage
-    if any(e.stage == UNREADY and e.line_no > no for e in near):
-        return UNREADY  # the engine says below that it never finished starting
+    if _unready_around(index.unready, no, policy.window_after):
+        return UNREADY
     if any(e.stage == "serving" for e in own) or any(e.stage == "serving" for e in near):
         return "serving"
     return None
 
 
 _NOT_START = frozenset(("serving", UNREADY))
+
+
+def _unready_around(unready: list[int], no: int, window_after: int) -> bool:
+    """The engine says it never finished starting: anywhere before line ``no`` (vLLM logs
+    `EngineCore failed to start.` above the traceback it explains; a server that answered
+    later has made the failure a serving one before any hint is asked), or within
+    ``window_after`` lines after it (`WorkerProc initialization failed` below a worker's)."""
+    if not unready or unready[0] > no + window_after:
+        return False
+    if unready[0] < no:
+        return True
+    at = bisect.bisect_right(unready, no)
+    return at < len(unready) and unready[at] <= no + window_after
 
 
 def _pick_cause(cats: frozenset[str] | None, roots: list[Classified]) -> Classified | None:

@@ -360,6 +360,13 @@ class AnalysisEngine:
 
     # -- input ---------------------------------------------------------------------------
 
+    def plain(self, data: bytes) -> bytes:
+        """``data`` with the characters of web pages (envelope.WEB_CHARS) made plain, for every
+        reader of the same bytes (the stall scan too); ASCII data is returned as it is."""
+        if data.isascii() or self._web.first(data) is None:
+            return data
+        return _plain_blanks(data)
+
     def feed(self, data: bytes) -> None:
         if not data:
             return
@@ -514,7 +521,7 @@ class AnalysisEngine:
         base = self.lines
         n = len(block) if hi is None else hi
         if not block.isascii() and self._web.first(block, lo, n) is not None:
-            block = _plain_blanks(block[lo:n])
+            block = _plain_blanks(block[lo:n])  # analyze() did it already for whole blocks
             lo, n = 0, len(block)
         self._lo, self._hi = lo, n
         self._engine_config.scan(block, lo, n, base)
@@ -1385,7 +1392,8 @@ def analyze(
         inputs = replace(inputs or StallInputs(), stopped=True)
     if budget is not None:
         return _analyze_budgeted(blocks, budget, eng, scan, stall_inputs=inputs)
-    for block in blocks:
+    for raw in blocks:
+        block = eng.plain(raw)
         eng.feed(block)
         scan.feed(block)
     return apply_hang(eng.finish(), scan, inputs)
@@ -1402,8 +1410,9 @@ def _analyze_budgeted(
             eng.skip_lines(piece.lines)
             scan.skip_lines(piece.lines)
             continue
-        eng.feed(piece.data)
-        scan.feed(piece.data)
+        data = eng.plain(piece.data)
+        eng.feed(data)
+        scan.feed(data)
     result = apply_hang(eng.finish(), scan, stall_inputs)
     cov = coverage(tally, budget)
     # Only a partial analysis says so: a whole one looks exactly as without a budget.

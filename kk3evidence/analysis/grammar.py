@@ -386,8 +386,12 @@ _BARE_FRAME_RE = re.compile(r"^File \"[^\"]*\", line [0-9]+, in [^\s]")
 INDENTED_EXC_RE = re.compile(r"^[ \t]+(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::(?:[ \t]|$)|$)")
 # ... and when the frames are at column 0 (a paste that lost all indentation), the line after a
 # frame is its source line unless it is shaped like an exception line (`Name: …`, `Name`,
-# `pkg.Name(Cause): …`), and a line of carets under it marks the failing expression.
-_BARE_EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:\([\w.]+\))?(?::(?:[ \t]|$)|$)")
+# `pkg.Name(Cause): …`, `_Private`), or a dotted lowercase one with its message
+# (`socket.gaierror: [Errno -2] …`); a line of carets under it marks the failing expression.
+_BARE_EXC_RE = re.compile(
+    r"^(?:(?:[A-Za-z_]\w*\.)*_*[A-Z]\w*(?:\([\w.]+\))?(?::(?:[ \t]|$)|$)"
+    r"|(?:[A-Za-z_]\w*\.)+[a-z_]\w*:[ \t])"
+)
 _LEVEL_WORDS = ("INFO ", "WARNING ", "WARN ", "ERROR ", "DEBUG ", "CRITICAL", "FATAL ")
 _STATEMENTS = ("raise ", "return ", "await ", "yield ", "assert ")
 _CARETS_RE = re.compile(r"^[ \t]*[~^]+[ \t~^]*$")

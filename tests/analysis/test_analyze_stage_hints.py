@@ -296,7 +296,7 @@ IMA = P + "RuntimeError: CUDA error: an illegal memory access was encountered"
 def test_an_illegal_memory_access_with_no_start_up_in_view_is_a_serving_failure() -> None:
     # 37 of the corpus's 49 illegal memory accesses struck while requests ran: a slice that
     # shows no start-up stage and no start-up frame is judged a serving failure.
-    lines = _tb("run_engine_core", "step", "execute_model", exc=IMA)
+    lines = _tb("run_engine_core", "forward", exc=IMA)  # no hinted frame either way
     assert _first(lines) == (len(lines), "serving", "illegal_memory")
 
 
@@ -316,13 +316,17 @@ def test_a_lora_activation_frame_makes_a_fallback_a_serving_failure() -> None:
 
 
 def test_a_failure_the_engine_calls_a_failed_start_is_no_serving_failure() -> None:
+    # vLLM V1 logs `EngineCore failed to start.` and then the traceback it explains
     failed = P + "EngineCore failed to start."
     ima = _tb("run_engine_core", "forward", exc=IMA)
-    assert _first([*ima, failed])[1:] == ("engine_init", "illegal_memory")
+    assert _first([failed, *ima])[1:] == ("engine_init", "illegal_memory")
     # execute_model is serving code, but the engine says it never finished starting
     exc = _tb("run_engine_core", "execute_model", exc=P + "ValueError: bad shape")
     assert _first(exc)[1] == "serving"
-    assert _first([*exc, failed])[1] == "engine_init"
+    assert _first([failed, *exc])[1] == "engine_init"
+    # a worker's failure, and the engine's summary below it
+    below = "(EngineCore pid=2) ERROR 05-05 07:35:20 [core.py:1] WorkerProc initialization failed"
+    assert _first([*ima, below])[1] == "engine_init"
 
 
 def test_an_unready_hint_takes_lines_only() -> None:

@@ -254,6 +254,15 @@ def test_a_flattened_frame_without_source_ends_at_a_dotted_exception_with_its_ca
     assert _roles(log) == ["header", "frame", "exception"]
 
 
+def test_a_flattened_frame_without_source_ends_at_a_lowercase_or_private_exception() -> None:
+    for exc in ("socket.gaierror: [Errno -2] Name or service not known", "_InactiveRpcError"):
+        log = (
+            "Traceback (most recent call last):\n"
+            'File "/usr/lib/python3.10/socket.py", line 955, in getaddrinfo\n' + exc
+        )
+        assert _roles(log) == ["header", "frame", "exception"], exc
+
+
 def test_a_flattened_raise_after_a_glued_frame_is_still_a_source_line() -> None:
     """Gaudi's vllm-fork (HabanaAI/vllm-fork#1559, corpus b13-habanapr1559): a torchrun paste
     without indentation in which one frame was glued to the source line above it."""
@@ -320,12 +329,29 @@ def test_a_log_copied_from_a_web_page_gets_the_answer_of_the_plain_log(
 
 def test_web_characters_split_across_read_blocks_are_still_plain_blanks() -> None:
     """The engine rewrites whole lines: a no-break space whose two bytes straddle a read-block
-    boundary reaches the scanner with the line it belongs to."""
-    line = "ERROR 12-01 10:00:01 [core.py:9]\u00a0torch.OutOfMemoryError:\u00a0CUDA out of memory\n"
+    boundary reaches the scanner with the line it belongs to. The rule's words (`illegal
+    memory access`) hold blanks: without the rewrite only the generic exception fallback
+    (category other) would answer."""
+    line = "ERROR 12-01 10:00:01 [core.py:9] RuntimeError: CUDA error: an illegal memory access\n"
+    line = line.replace("illegal ", "illegal\u00a0").replace("memory ", "memory\u00a0")
     data = ("INFO 12-01 10:00:00 [a.py:1] x\n" * 3 + line).encode()
     cut = data.index("\u00a0".encode()) + 1  # between the NBSP's two bytes
     eng = engine.AnalysisEngine()
     eng.feed(data[:cut])
     eng.feed(data[cut:])
     ff = eng.finish().first_failure
-    assert ff is not None and ff.line_no == 4 and ff.category == "oom"
+    assert ff is not None and ff.line_no == 4 and ff.category == "illegal_memory"
+
+
+def test_a_stopped_run_copied_from_a_web_page_gets_the_same_stall_verdict(tmp_path: Path) -> None:
+    """The stall scan (`--stopped`) reads the same rewritten bytes as the rule engine: the
+    two-node hang's missing rank is still found with every blank a no-break space."""
+    src = CORPUS / "realrun-hang-two-node-missing-node1" / "output.log"
+    copy = tmp_path / "copied.log"
+    copy.write_bytes(src.read_bytes().decode("utf-8").replace(" ", "\u00a0").encode("utf-8"))
+    plain, copied = analyze(src, stopped=True), analyze(copy, stopped=True)
+    assert copied.first_failure is not None and plain.first_failure is not None
+    assert copied.first_failure.line_no == plain.first_failure.line_no
+    stall = copied.to_json()["stall"]
+    assert stall["missing_ranks"] == plain.to_json()["stall"]["missing_ranks"] == [1]
+    assert stall["world_size"] == 2
