@@ -521,7 +521,10 @@ class AnalysisEngine:
         base = self.lines
         n = len(block) if hi is None else hi
         if not block.isascii() and self._web.first(block, lo, n) is not None:
-            block = _plain_blanks(block[lo:n])  # analyze() did it already for whole blocks
+            # analyze() made whole blocks plain already; this is for other feed() callers and
+            # a line whose web character straddled two read blocks (one more scan, non-ASCII
+            # blocks only)
+            block = _plain_blanks(block[lo:n])
             lo, n = 0, len(block)
         self._lo, self._hi = lo, n
         self._engine_config.scan(block, lo, n, base)

@@ -392,7 +392,8 @@ _BARE_EXC_RE = re.compile(
     r"^(?:(?:[A-Za-z_]\w*\.)*_*[A-Z]\w*(?:\([\w.]+\))?(?::(?:[ \t]|$)|$)"
     r"|(?:[A-Za-z_]\w*\.)+[a-z_]\w*:[ \t])"
 )
-_LEVEL_WORDS = ("INFO ", "WARNING ", "WARN ", "ERROR ", "DEBUG ", "CRITICAL", "FATAL ")
+# a level word starting a line the envelope did not peel (`INFO ready`): a log record
+_LEVEL_WORDS = (*(f"{lv} " for lv in LEVELS), "WARN ", "FATAL ")
 _STATEMENTS = ("raise ", "return ", "await ", "yield ", "assert ")
 _CARETS_RE = re.compile(r"^[ \t]*[~^]+[ \t~^]*$")
 # A traceback left open this many lines without a line from its process is closed.
@@ -629,7 +630,7 @@ def _ipython_frame_line(body: str) -> bool:
 def _bare_source_line(st: TracebackState, line: LogLine) -> bool:
     """Whether ``line``, right after a column-0 frame, is its source or caret line."""
     body = line.body
-    if body[:1] in ("", " ", "\t") or line.level is not None or body[:8].startswith(_LEVEL_WORDS):
+    if body[:1] in ("", " ", "\t") or line.level is not None or body.startswith(_LEVEL_WORDS):
         # an indented line (the usual frame rules decide) or a log record
         st.bare_source = 0
         return False
