@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -194,7 +194,9 @@ def resolve(
     stage_of = _stages_of(
         kept, evidence, ready_line, completable, index=HintIndex(hints), policy=pol
     )
-    cat_of = _context_categories(kept, HintIndex(category_hints), pol, word_category)
+    cat_of = _context_categories(
+        kept, HintIndex(category_hints), pol, word_category, stage_of=stage_of
+    )
     links = _link(kept, shutdown_line)
     live = [h for h in kept if h.line.line_no not in links.dropped]
     first = _first_failure(links, live, notes)
@@ -470,6 +472,8 @@ def _context_categories(
     index: HintIndex,
     policy: StageHints,
     word_category: Callable[[str], str | None] | None = None,
+    *,
+    stage_of: Mapping[int, str] | None = None,
 ) -> dict[int, str]:
     """Line -> category for failures (and consequences, which stand in for an unstated cause)
     whose rule's category the context may replace
@@ -477,7 +481,9 @@ def _context_categories(
     (``self``), then the frames of its traceback (innermost first), then the family words of
     the line (``words``), then the nearest hinted line; for a fallback (no rule's grammar
     matched the line) last the rule set's own words in the line (``word_category``: anchors of
-    specific rules that all name one category) and the component that printed it."""
+    specific rules that all name one category), the component that printed it, and the class
+    of the exception it raises (``exception``; not while serving, where a refused value is
+    mostly one request's, ``stage_of``)."""
     if not policy.category_context:
         return {}
     out: dict[int, str] = {}
@@ -517,6 +523,8 @@ def _context_categories(
             got = word_category(ln.body)
         if got is None and r.fallback:
             got = _component_category(ln, policy)
+        if got is None and r.fallback and (stage_of or {}).get(ln.line_no, r.stage) != "serving":
+            got = policy.exception_category(ln.body)
         if got is not None and got != r.category:
             out[ln.line_no] = got
     return out

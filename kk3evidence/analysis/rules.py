@@ -498,7 +498,13 @@ def check_rules() -> RuleSet:
 
 STAGE_HINTS_SCHEMA = FORMAT_IDS["stage-hints"]
 _HINT_KEYS = frozenset({"stage", "frame", "line"})
-_CAT_HINT_KEYS = frozenset({"category", "frame", "line", "self", "words"})
+_EXC_NAME_RE = re.compile(r"[A-Z][A-Za-z0-9_]*(?:Error|Exception)")
+# the first exception class a line names as raised: `ValueError: …`, `ValueError(…)`, a bare
+# `ValueError` ending the line; `pkg.mod.ValueError` counts as ValueError
+_RAISED_RE = re.compile(
+    r"(?<![\w])(?:[A-Za-z_][\w]*\.)*([A-Z][A-Za-z0-9_]*(?:Error|Exception))(?=:|\(|\s*$)"
+)
+_CAT_HINT_KEYS = frozenset({"category", "frame", "line", "self", "words", "exception"})
 _HINTS_TOP = frozenset(
     {
         "schema",
@@ -562,17 +568,23 @@ class StageHints:
     cat_self: tuple[tuple[str, str], ...] = ()  # (substring of the failure line, category)
     # family words: substrings of the failure line, looked at after its traceback's frames
     cat_words: tuple[tuple[str, str], ...] = ()
+    # exception class name -> category: a fallback's last resort (the class of the exception
+    # its line raises, when nothing else in or around it names a family)
+    cat_exception: tuple[tuple[str, str], ...] = ()
     # Derived from ``frame``: function names (``in <name>`` hints) and the other substrings.
     frame_funcs: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     frame_subs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
     cat_funcs: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     cat_subs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    cat_exc_map: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.frame and not self.frame_funcs and not self.frame_subs:
             funcs, subs = _split_frame_hints(self.frame)
             self.frame_funcs.update(funcs)
             object.__setattr__(self, "frame_subs", subs)
+        if self.cat_exception and not self.cat_exc_map:
+            self.cat_exc_map.update(self.cat_exception)
         if self.cat_frame and not self.cat_funcs and not self.cat_subs:
             funcs, subs = _split_frame_hints(self.cat_frame)
             self.cat_funcs.update(funcs)
@@ -603,6 +615,15 @@ class StageHints:
 
     def self_category(self, body: str) -> str | None:
         return _first_needle(self.cat_self, body)
+
+    def exception_category(self, body: str) -> str | None:
+        """The category of the exception class a line raises (its first ``Name:`` /
+        ``Name(`` / bare ``Name`` token that ends in Error or Exception; a dotted module path
+        before it is ignored), from the ``exception`` hints."""
+        if not self.cat_exc_map:
+            return None
+        m = _RAISED_RE.search(body)
+        return self.cat_exc_map.get(m.group(1)) if m else None
 
     def words_category(self, body: str) -> str | None:
         """The category of the first family word (``words``) in ``body``."""
@@ -674,7 +695,7 @@ def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> Stag
     bad = [c for c in cat_ctx if c not in CATEGORIES]
     if bad:
         raise RuleError(f"{source}: unknown category {bad[0]!r} in category_context")
-    cframe, cline, cself, cwords = _category_hints(doc.get("category_hint", []), source)
+    cframe, cline, cself, cwords, cexc = _category_hints(doc.get("category_hint", []), source)
     return StageHints(
         context_categories=frozenset(cats),
         fixed_rules=frozenset(fixed),
@@ -687,6 +708,7 @@ def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> Stag
         cat_line=cline,
         cat_self=cself,
         cat_words=cwords,
+        cat_exception=cexc,
     )
 
 
@@ -697,11 +719,16 @@ _Pairs = tuple[tuple[str, str], ...]
 UNREADY = "unready"
 
 
-def _category_hints(hints: Any, source: str) -> tuple[_Pairs, _Pairs, _Pairs, _Pairs]:
-    """``[[category_hint]]`` tables -> (frame, line, self, words) (needle, category) pairs."""
+def _category_hints(
+    hints: Any, source: str
+) -> tuple[_Pairs, _Pairs, _Pairs, _Pairs, _Pairs]:
+    """``[[category_hint]]`` tables -> (frame, line, self, words, exception) (needle, category)
+    pairs."""
     if not isinstance(hints, list):
         raise RuleError(f"{source}: category_hint must be an array of tables ([[category_hint]])")
-    out: dict[str, list[tuple[str, str]]] = {"frame": [], "line": [], "self": [], "words": []}
+    out: dict[str, list[tuple[str, str]]] = {
+        "frame": [], "line": [], "self": [], "words": [], "exception": []
+    }
     for i, h in enumerate(hints):
         where = f"category_hint #{i + 1}"
         if not isinstance(h, dict):
@@ -714,7 +741,16 @@ def _category_hints(hints: Any, source: str) -> tuple[_Pairs, _Pairs, _Pairs, _P
             raise RuleError(f"{source}: {where}: category {cat!r} is not one of {list(CATEGORIES)}")
         for key, pairs in out.items():
             pairs += [(x, cat) for x in _str_list(h.get(key, []), f"{where}: {key}", source)]
-    return tuple(out["frame"]), tuple(out["line"]), tuple(out["self"]), tuple(out["words"])
+    bad = [x for x, _ in out["exception"] if not _EXC_NAME_RE.fullmatch(x)]
+    if bad:
+        raise RuleError(f"{source}: exception {bad[0]!r} is not a Python exception class name")
+    return (
+        tuple(out["frame"]),
+        tuple(out["line"]),
+        tuple(out["self"]),
+        tuple(out["words"]),
+        tuple(out["exception"]),
+    )
 
 
 @functools.lru_cache(maxsize=1)

@@ -333,3 +333,47 @@ def test_an_unready_hint_takes_lines_only() -> None:
     doc = 'schema = "kk3evidence/stage-hints/v1"\n[[hint]]\nstage = "unready"\nframe = ["x"]\n'
     with pytest.raises(RuleError, match="lines only"):
         parse_stage_hints(doc, "t.toml")
+
+
+# --- the exception class as the category's last resort (`exception` category hints) ---------
+
+# vllm-project/vllm-omni (corpus b13-omni…): vLLM refuses a value and no word names a family
+_FPS = "ValueError: The length of fps (3) must be equal to the length of video_grid_thw (1)"
+
+
+def test_a_value_error_no_family_word_names_is_a_config_failure() -> None:
+    _, _stage, cat = _first(_tb("_call_hf_processor", exc=P + _FPS))
+    assert cat == "config"
+
+
+def test_frames_decide_before_the_exception_class() -> None:
+    _, _stage, cat = _first(_tb("load_weights", exc=P + _FPS))
+    assert cat == "weights"
+
+
+def test_other_exception_classes_keep_other() -> None:
+    exc = P + "AttributeError: 'NoneType' object has no attribute 'splitlines'"
+    _, _stage, cat = _first(_tb("_call_hf_processor", exc=exc))
+    assert cat == "other"
+
+
+@pytest.mark.parametrize(
+    ("body", "want"),
+    [
+        ("ValueError: x", "config"),
+        ("pkg.mod.ValueError: x", "config"),
+        ("ValueError('bad value')", "config"),
+        ("ValueError", "config"),
+        ("RuntimeError: Worker failed with error 'ValueError: x'", None),
+        ("MyValueError: x", None),
+        ("the ValueError branch was taken", None),
+    ],
+)
+def test_exception_category_reads_the_first_raised_class(body: str, want: str | None) -> None:
+    assert load_stage_hints().exception_category(body) == want
+
+
+def test_exception_hints_must_name_an_exception_class() -> None:
+    bad = '[[category_hint]]\ncategory = "config"\nexception = ["value error"]\n'
+    with pytest.raises(RuleError, match="not a Python exception class name"):
+        parse_stage_hints('schema = "kk3evidence/stage-hints/v1"\n' + bad)
