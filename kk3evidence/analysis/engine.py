@@ -1059,13 +1059,14 @@ def _exception_cut(bodies: bytes, frame_indent: int | None) -> int:
     """The index of the first body line that may end the frames as a re-indented exception
     line (grammar.ends_frames), else the number of lines; the slow path decides there."""
     first = _RUN_EXC_FIRST.match(bodies)
-    if first is not None and frame_indent is not None and len(first.group(1)) <= frame_indent:
+    fits = frame_indent or 1  # one blank deeper under flush-left frames (grammar.ends_frames)
+    if first is not None and frame_indent is not None and len(first.group(1)) <= fits:
         return 0
     for m in _RUN_EXC.finditer(bodies):
         start = m.start(1)  # the line's first byte
         fi = _last_frame_indent(bodies, start)
         fi = frame_indent if fi is None else fi
-        if fi is not None and len(m.group(1)) <= fi:
+        if fi is not None and len(m.group(1)) <= (fi or 1):  # grammar.ends_frames
             return bodies.count(b"\n", 0, start)
     return bodies.count(b"\n") + 1
 
@@ -1125,7 +1126,7 @@ def _run_cut(bodies: bytes, frame_indent: int | None) -> int:
             continue
         fi = _last_frame_indent(bodies, start)
         fi = frame_indent if fi is None else fi
-        if fi is not None and len(m.group(1)) <= fi:
+        if fi is not None and len(m.group(1)) <= (fi or 1):  # grammar.ends_frames
             cut = line
             break
     return _bare_cr_cut(bodies, cut)

@@ -650,9 +650,13 @@ def indent_of(body: str) -> int:
 
 def ends_frames(st: TracebackState, body: str) -> bool:
     """Whether the indented ``body`` is the exception line that ends ``st``'s frames: shaped
-    like one and indented no deeper than the latest frame line."""
+    like one and indented no deeper than the latest frame line (one blank deeper under
+    flush-left frames: a paste that lost the indentation of its frames but put a blank before
+    every later line)."""
     fi = st.frame_indent
-    return fi is not None and indent_of(body) <= fi and INDENTED_EXC_RE.match(body) is not None
+    if fi is None:
+        return False
+    return indent_of(body) <= (fi or 1) and INDENTED_EXC_RE.match(body) is not None
 
 
 def _with_tb(line: LogLine, role: str, chain: int, index: int) -> LogLine:

@@ -355,3 +355,25 @@ def test_a_stopped_run_copied_from_a_web_page_gets_the_same_stall_verdict(tmp_pa
     stall = copied.to_json()["stall"]
     assert stall["missing_ranks"] == plain.to_json()["stall"]["missing_ranks"] == [1]
     assert stall["world_size"] == 2
+
+
+def test_a_flush_left_paste_with_a_blank_before_its_later_lines_keeps_its_exception() -> None:
+    """A paste whose frames lost their indentation while every later line gained one blank
+    (vllm-project/vllm#13307, corpus b15-13307): the exception line sits one blank deeper than
+    the frames and still ends them, in the tracker and in the engine's fast path."""
+    case = next(CORPUS.glob("b15-13307-*"))
+    text = (case / "output.log").read_text(encoding="utf-8")
+    assert _roles(text)[:6] == ["header", "frame", "frame", "frame", "frame", "exception"]
+    ff = analyze(case / "output.log").first_failure
+    label = tomllib.loads((case / "case.toml").read_text(encoding="utf-8"))
+    assert ff is not None and ff.line_no == label["first_line"] == 6
+
+
+def test_a_source_line_two_blanks_deep_under_flush_left_frames_stays_a_frame() -> None:
+    log = (
+        "Traceback (most recent call last):\n"
+        'File "/v/runner.py", line 80, in forward\n'
+        "  Config(x)\n"
+        "RuntimeError: bad"
+    )
+    assert _roles(log) == ["header", "frame", "frame", "exception"]
