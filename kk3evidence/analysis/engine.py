@@ -10,6 +10,7 @@ the block size plus capped finding lists, whatever the log size.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 import io
@@ -1321,6 +1322,29 @@ def _iter_lines_as_blocks(lines: Iterable[str | bytes]) -> Iterator[bytes]:
         yield b"".join(buf)
 
 
+_UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+
+
+def utf16_as_utf8(blocks: Iterator[bytes]) -> Iterator[bytes]:
+    """The blocks as they are, or, for a log that starts with a UTF-16 byte-order mark (Windows
+    PowerShell's ``>`` and ``Tee-Object`` write UTF-16LE), decoded and re-encoded as UTF-8 on
+    the fly. Line numbers do not change: every ``\n`` is one line end in both encodings."""
+    first = b""
+    for first in blocks:
+        if first:
+            break
+    if not first.startswith(_UTF16_BOMS):
+        if first:
+            yield first
+        yield from blocks
+        return
+    dec = codecs.getincrementaldecoder("utf-16")(errors="replace")
+    yield dec.decode(first).encode("utf-8", errors="surrogateescape")
+    for block in blocks:
+        yield dec.decode(block).encode("utf-8", errors="surrogateescape")
+    yield dec.decode(b"", final=True).encode("utf-8", errors="surrogateescape")
+
+
 def _blocks_for(source: object) -> tuple[str, Iterator[bytes]]:
     if isinstance(source, str) and "\n" in source:
         # Log text, not a path: no file name holds a newline in practice.
@@ -1389,6 +1413,7 @@ def analyze(
     ends (a plain log then gets the stall verdict of SPEC §2 as a bundle would).
     """
     name, blocks = _blocks_for(source)
+    blocks = utf16_as_utf8(blocks)
     eng = AnalysisEngine(label or name, ruleset, engine=engine, context=context)
     scan = HeldHangScan()  # scanned only as far as the verdict needs (see HeldHangScan)
     inputs = stall_inputs or bundle_stall_inputs(source)

@@ -201,6 +201,14 @@ _BRACKET_LEVEL_RE = re.compile(
     r"^\[(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]\s*"
     r"(?:\[[^\]\s]{1,40}\]\s*)*(?:>>>\s?|[-:|]\s)?"
 )
+# spdlog's default pattern after its timestamp (the bracket_ts wrapper peels that):
+# "[logger] [error] [file.cpp:910] msg" (C++ services beside vLLM: KV-cache stores, transfer
+# engines); the level is lower case, the source location optional.
+_SPDLOG_RE = re.compile(
+    r"^\[(?P<logger>[^\]\s]{1,40})\] "
+    r"\[(?P<level>trace|debug|info|warning|warn|error|critical)\]\s+"
+    r"(?:\[(?P<src>[\w.+-]{1,80}:\d{1,6})\]\s*)?"
+)
 # Accelerators beyond CUDA (docs/rules-format.md, "Envelopes"). ROCm's HIP runtime log
 # (AMD_LOG_LEVEL): ":1:hip_code_object.cpp :505 : 99442499995 us: 350457: [tid:0x7f..] msg"
 # (older: "[pid:9 tid:0x..]"); the digit is the level (1 error .. 4 debug).
@@ -486,6 +494,12 @@ def _y_nccl(m: re.Match[str], acc: _Acc) -> None:
 
 def _y_level(m: re.Match[str], acc: _Acc) -> None:
     acc.level = normalize_level(m.group("level"))
+
+
+def _y_spdlog(m: re.Match[str], acc: _Acc) -> None:
+    acc.level = normalize_level(m.group("level"))
+    if m.group("src"):
+        acc.source = m.group("src")
 
 
 def _y_hip(m: re.Match[str], acc: _Acc) -> None:
@@ -1099,6 +1113,28 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note='an application\'s own logging format: "[ERROR] [MainThread] [asyncio] >>> msg"',
+    ),
+    EnvelopeFormat(
+        name="spdlog",
+        layer="level",
+        guard=Guard(first=frozenset("[")),
+        regex=_SPDLOG_RE,
+        apply=_y_spdlog,
+        yields=("level", "source_file"),
+        samples=(
+            # after the bracket_ts wrapper: the real line begins `[2025-05-15 15:48:41.233] `
+            Sample(
+                line="[infini] [error] [libinfinistore.cpp:910] Please register memory first",
+                body="Please register memory first",
+                level="ERROR",
+            ),
+            Sample(
+                line="[infini] [info] connected to 10.0.0.5:12345",
+                body="connected to 10.0.0.5:12345",
+                level="INFO",
+            ),
+        ),
+        note="spdlog's default pattern (C++ services: InfiniStore, transfer engines)",
     ),
     EnvelopeFormat(
         name="hip",

@@ -67,6 +67,8 @@ _TOKENS = (
     b"level=fatal",
     b"level=ERROR",
     b"level=FATAL",
+    b"] [error] ",
+    b"] [critical] ",
 )  # (`\nE0`…: a glog line `E1201 10:00:00 …` / `E20260608 …` after the first line)
 
 # Error levels the envelope parser does not peel (it knows vLLM's, Python logging's, torchrun's
@@ -74,7 +76,8 @@ _TOKENS = (
 # `E1201 10:00:00` (c10d writes the month without a leading zero: `[E822 …`; Ascend's glog
 # the year: `E20260608`), a level word among the first few fields, after blanks too (`[ts]
 # ERROR …`, `ts ERROR: …`; IBM Spyre's runtime writes ` ERRR`), oneCCL's `|CCL_ERROR|`, logfmt
-# `level=error` (Go's slog: `level=ERROR`).
+# `level=error` (Go's slog: `level=ERROR`). spdlog's `[logger] [error]` is peeled by the envelope
+# (format `spdlog`).
 _LEVEL_TEXT = re.compile(
     r"""^(?:
         \[[^\]\n]{0,48}\s[EF]\s\d+\s\d+\]

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kk3evidence.analysis.engine import AnalysisEngine, analyze
+from kk3evidence.analysis.engine import AnalysisEngine, analyze, utf16_as_utf8
 from kk3evidence.cli import main
 from kk3evidence.errors import InputError
 
@@ -93,6 +93,28 @@ def test_path_bytes_lines_and_file_objects_agree(tmp_path: Path) -> None:
     firsts = {(r.first_failure.line_no, r.first_failure.rule) for r in results if r.first_failure}
     assert firsts == {(7, "KV001")}
     assert {r.lines_total for r in results} == {8}
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_a_utf16_log_with_a_byte_order_mark_reads_as_its_text(tmp_path: Path, encoding: str) -> None:
+    """Windows PowerShell writes `>` and `Tee-Object` output as UTF-16LE with a byte-order
+    mark and CRLF line ends (corpus b16-file-invoicevlm-…): same answer, same line numbers."""
+    bom = "\ufeff".encode(encoding)
+    text = FAIL_LOG.decode().replace("\n", "\r\n")
+    p = tmp_path / "server.log"
+    p.write_bytes(bom + text.encode(encoding))
+    ref = analyze(FAIL_LOG)
+    for got in (analyze(p), analyze(p.read_bytes()), analyze(io.BytesIO(p.read_bytes()))):
+        assert got.first_failure is not None and ref.first_failure is not None
+        assert (got.first_failure.line_no, got.first_failure.rule) == (7, "KV001")
+        assert got.first_failure.text == ref.first_failure.text
+        assert got.lines_total == ref.lines_total
+
+
+def test_a_utf16_log_split_inside_a_character_still_decodes() -> None:
+    data = "\ufeff".encode("utf-16-le") + FAIL_LOG.decode().encode("utf-16-le")
+    out = b"".join(utf16_as_utf8(iter([data[i : i + 3] for i in range(0, len(data), 3)])))
+    assert out == FAIL_LOG
 
 
 def test_any_chunking_gives_the_same_answer() -> None:

@@ -187,3 +187,15 @@ def test_a_glog_line_at_a_window_boundary_is_collected() -> None:
     col = ErrorLineCollector()
     col.scan(block, 0, len(block), base=0)
     assert [no for no, _ in col.lines] == [block[:cut].count(b"\n") + 1]
+
+
+def test_an_spdlog_error_line_is_the_last_resort() -> None:
+    """spdlog's default pattern (InfiniStore beside vLLM, vllm-project/aibrix#1093): the level
+    is lower case in its second bracket; with no other failure it is the answer."""
+    log = (
+        "[2025-05-15 15:48:40.101] [infini] [info] connected to 10.0.0.5:12345\n"
+        "[2025-05-15 15:48:41.233] [infini] [error] [libinfinistore.cpp:910] "
+        "Please register memory first\n"
+    )
+    ff = analyze(log).first_failure
+    assert ff is not None and (ff.line_no, ff.rule) == (2, "EXC010")
