@@ -38,6 +38,7 @@ from kk3evidence.model import (
 __all__ = [
     "SERVING_STALL_RULE",
     "STALL_RULE",
+    "WAITING_RULE",
     "HangScan",
     "HeldHangScan",
     "StallInputs",
@@ -52,6 +53,14 @@ __all__ = [
 STALL_RULE = "STALL001"
 #: ... and a serving stall's (requests running, no token: analysis/serving_stall.py)
 SERVING_STALL_RULE = "STALL002"
+#: ... and a start-up whose log ends in the engine's notices that it waits for its workers
+WAITING_RULE = "STALL003"
+# vLLM's shared-memory message queue (shm_broadcast.py) logs this once a minute
+# (VLLM_RINGBUFFER_WARNING_INTERVAL, 60 s) while the engine waits for its workers to take or
+# answer a message. One or a few come during a long warm-up or load (clean corpus logs have up
+# to 4); a log that ends in ten or more in a row (ten minutes) has stopped.
+_WAIT_NOTICES = ("No available shared memory broadcast block found",)
+_WAIT_RUN = 10
 _KEEP_LINES = 64
 _MAX_GAPS = 3
 _STAMP_ALL = 4000  # lines whose timestamps are all read; then one line per _STAMP_STEP bytes
@@ -445,6 +454,11 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
     # Decided on the analysis alone (durations change no field it reads): only a stall needs
     # the scan, so a held block (HeldHangScan) is scanned only then.
     stalled = _stalled(analysis, inputs)
+    waiting = None
+    if not stalled and _may_be_waiting(analysis):
+        scan.finish()
+        waiting = _waiting_run(scan)
+        stalled = waiting is not None
     if stalled:
         scan.finish()
     times: dict[int, float] = {}
@@ -469,10 +483,45 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
     ff = analysis.first_failure
     if scan.ready and ff is not None:
         last = (ff.line_no, ff.text, ff.process)  # a timeout after ready: the scan had stopped
+    if waiting is not None:
+        last = waiting
     stall = _stall_record(analysis, scan, inputs, times, last)
     if analysis.first_failure is not None:
         return replace(analysis, stall=stall)
+    if waiting is not None:
+        return _with_verdict(
+            analysis, stall, last, rule=WAITING_RULE, name="engine-waiting-on-workers",
+            why=(
+                "The run never became ready and the log ends in the engine's own notices that "
+                f"it has waited for its workers ({_WAIT_RUN} or more in a row, one a minute): "
+                "a worker hangs or never finishes a step."
+            ),
+        )
     return _with_verdict(analysis, stall, last)
+
+
+def _may_be_waiting(analysis: Analysis) -> bool:
+    """No failure, never ready, a start-up stage seen: the log may end in waiting notices."""
+    return (
+        analysis.first_failure is None
+        and analysis.extra.ready_line is None
+        and analysis.last_stage_reached not in (None, "api_ready", "serving")
+    )
+
+
+def _waiting_run(scan: HangScan) -> tuple[int, str, str | None] | None:
+    """The first line of the run of waiting notices the log ends in (blank lines aside), when
+    the run holds at least :data:`_WAIT_RUN` of them; else ``None``."""
+    first: tuple[int, str, str | None] | None = None
+    count = 0
+    for item in reversed(scan.tail):
+        text = item[1]
+        if not text.strip():
+            continue
+        if not any(n in text for n in _WAIT_NOTICES):
+            break
+        first, count = item, count + 1
+    return first if count >= _WAIT_RUN else None
 
 
 def _stalled(analysis: Analysis, inputs: StallInputs) -> bool:

@@ -96,7 +96,9 @@ def test_path_bytes_lines_and_file_objects_agree(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
-def test_a_utf16_log_with_a_byte_order_mark_reads_as_its_text(tmp_path: Path, encoding: str) -> None:
+def test_a_utf16_log_with_a_byte_order_mark_reads_as_its_text(
+    tmp_path: Path, encoding: str
+) -> None:
     """Windows PowerShell writes `>` and `Tee-Object` output as UTF-16LE with a byte-order
     mark and CRLF line ends (corpus b16-file-invoicevlm-…): same answer, same line numbers."""
     bom = "\ufeff".encode(encoding)

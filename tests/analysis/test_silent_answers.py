@@ -359,3 +359,38 @@ def test_the_end_of_a_cut_traceback_does_not_depend_on_the_context_asked_for() -
     data = (frames + "\n" * 7 + "[ ...... ]\n" + "\n" * 6).encode()
     got = {c: analyze(data, context=c).first_failure for c in (0, 3, 10)}
     assert all(ff is not None and ff.rule == "EXC011" for ff in got.values()), got
+
+
+# -- a start-up that ends in the engine's waiting notices (STALL003) -------------------------
+
+_SHM = (
+    "(EngineCore pid=7) INFO 10-09 11:{m:02d}:47 [shm_broadcast.py:812] No available shared "
+    "memory broadcast block found in 60 seconds. This typically happens when some processes "
+    "are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache "
+    "quantization).\n"
+)
+_CAPTURED = (
+    "(Worker_TP0 pid=9) INFO 10-09 11:10:39 [gpu_model_runner.py:6854] Graph capturing "
+    "finished in 12 secs, took 0.92 GiB\n"
+)
+
+
+def test_a_real_start_up_ending_in_an_hour_of_shm_notices_is_a_stall_at_the_first() -> None:
+    """A committed run log (corpus b16-file-decodekuki-…): after graph capture the engine logs
+    its shared-memory wait once a minute for an hour, and the file ends."""
+    case = next(CORPUS.glob("b16-file-decodekuki-*"))
+    ff = analyze(case / "output.log").first_failure
+    assert ff is not None
+    assert (ff.line_no, ff.stage, ff.category, ff.basis, ff.rule) == (
+        6, "engine_init", "hang", "stall", "STALL003"
+    )
+
+
+def test_fewer_than_ten_notices_or_progress_after_them_are_no_stall() -> None:
+    few = _CAPTURED + "".join(_SHM.format(m=11 + i) for i in range(9))
+    moved = _CAPTURED + "".join(_SHM.format(m=11 + i) for i in range(12)) + _CAPTURED
+    for text in (few, moved):
+        assert analyze(text.encode()).first_failure is None
+    ten = _CAPTURED + "".join(_SHM.format(m=11 + i) for i in range(10))
+    ff = analyze(ten.encode()).first_failure
+    assert ff is not None and (ff.line_no, ff.rule) == (2, "STALL003")
