@@ -69,6 +69,16 @@ _TOKENS = (
     b"level=FATAL",
     b"] [error] ",
     b"] [critical] ",
+    b" [error] ",
+    b" [crit] ",
+    b" [alert] ",
+    b" [emerg] ",
+    *(
+        f'"{key}":{sp}"{lv}"'.encode()
+        for key in ("level", "severity")
+        for sp in ("", " ")
+        for lv in ("error", "fatal", "critical", "ERROR", "FATAL", "CRITICAL")
+    ),
 )  # (`\nE0`…: a glog line `E1201 10:00:00 …` / `E20260608 …` after the first line)
 
 # Error levels the envelope parser does not peel (it knows vLLM's, Python logging's, torchrun's
@@ -76,8 +86,10 @@ _TOKENS = (
 # `E1201 10:00:00` (c10d writes the month without a leading zero: `[E822 …`; Ascend's glog
 # the year: `E20260608`), a level word among the first few fields, after blanks too (`[ts]
 # ERROR …`, `ts ERROR: …`; IBM Spyre's runtime writes ` ERRR`), oneCCL's `|CCL_ERROR|`, logfmt
-# `level=error` (Go's slog: `level=ERROR`). spdlog's `[logger] [error]` is peeled by the envelope
-# (format `spdlog`).
+# `level=error` (Go's slog: `level=ERROR`), nginx's error log (`2025/06/01 10:00:00 [error] 7#7:
+# …`, also `[crit]`, `[alert]`, `[emerg]`), a JSON record's `"level":"error"` or
+# `"severity":"ERROR"` (zap, logrus, structlog: controllers and gateways beside vLLM). spdlog's
+# `[logger] [error]` is peeled by the envelope (format `spdlog`).
 _LEVEL_TEXT = re.compile(
     r"""^(?:
         \[[^\]\n]{0,48}\s[EF]\s\d+\s\d+\]
@@ -86,6 +98,8 @@ _LEVEL_TEXT = re.compile(
       | \s*(?:\S+\s+){0,3}\[?(?:ERROR|ERRR|CRITICAL|FATAL)\]?(?=[\s:|\-]|$)
       | .{0,96}?\|(?:[A-Z]+_)?(?:ERROR|FATAL)\|
       | .{0,96}?(?<![\w-])level=(?:error|fatal|ERROR|FATAL)\b
+      | (?:\S+\s+){1,3}\[(?:error|crit|alert|emerg)\]\s
+      | \{.{0,200}?"(?:level|severity)":\s?"(?:error|fatal|critical|ERROR|FATAL|CRITICAL)"
     )""",
     re.X,
 )

@@ -199,3 +199,25 @@ def test_an_spdlog_error_line_is_the_last_resort() -> None:
     )
     ff = analyze(log).first_failure
     assert ff is not None and (ff.line_no, ff.rule) == (2, "EXC010")
+
+
+def test_json_records_and_nginx_errors_are_error_level_lines() -> None:
+    """Structured logs of the controllers and gateways beside vLLM (zap/logrus JSON, nginx's
+    error log): their error records are last-resort answers, their info records are not."""
+    errors = (
+        '{"level":"error","ts":"2025-06-01T10:00:00.000Z","caller":"reconcile.go:120",'
+        '"msg":"failed to reconcile InferenceService"}',
+        '{"severity": "ERROR", "message": "upstream vllm-0 unreachable"}',
+        "2025/06/01 10:00:00 [error] 7#7: *1 connect() failed (111: Connection refused) while "
+        "connecting to upstream",
+    )
+    quiet = (
+        '{"level":"info","ts":"2025-06-01T10:00:00.000Z","msg":"reconciled"}',
+        "2025/06/01 10:00:00 [notice] 1#1: start worker processes",
+        'INFO 06-01 10:00:00 [api_server.py:1] args: {"level":"error"} is only a value here',
+    )
+    for line in errors:
+        ff = analyze(f"INFO starting\n{line}\n").first_failure
+        assert ff is not None and (ff.line_no, ff.rule) == (2, "EXC010"), line
+    for line in quiet:
+        assert analyze(f"INFO starting\n{line}\n").first_failure is None, line
