@@ -221,3 +221,19 @@ def test_json_records_and_nginx_errors_are_error_level_lines() -> None:
         assert ff is not None and (ff.line_no, ff.rule) == (2, "EXC010"), line
     for line in quiet:
         assert analyze(f"INFO starting\n{line}\n").first_failure is None, line
+
+
+def test_slurm_and_systemd_kills_are_answers() -> None:
+    """A vLLM start-up under Slurm or systemd: the scheduler's own lines say why it died."""
+    head = "INFO 06-01 10:00:00 [api_server.py:1] vLLM API server version 0.11.0\n"
+    cases = {
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=8538204.0. Some of the step "
+        "tasks have been OOM Killed.": ("OOM011", "oom"),
+        "Apr 18 14:22:19 node1 systemd[1]: vllm.service: Failed with result 'oom-kill'.": (
+            "OOM011", "oom"),
+        "slurmstepd: error: *** JOB 10763635 ON c0662 CANCELLED AT 2026-10-02T14:02:37 DUE TO "
+        "TIME LIMIT ***": ("ENG025", "hang"),
+    }
+    for line, (rule, cat) in cases.items():
+        ff = analyze(head + line + "\n").first_failure
+        assert ff is not None and (ff.line_no, ff.rule, ff.category) == (2, rule, cat), line
