@@ -377,3 +377,29 @@ def test_exception_hints_must_name_an_exception_class() -> None:
     bad = '[[category_hint]]\ncategory = "config"\nexception = ["value error"]\n'
     with pytest.raises(RuleError, match="not a Python exception class name"):
         parse_stage_hints('schema = "kk3evidence/stage-hints/v1"\n' + bad)
+
+
+def test_runc_create_failure_takes_the_family_of_the_nvidia_hook_line_below() -> None:
+    """Docker prints the NVIDIA hook's stderr on the line after runc's (corpus b6-5635): the
+    first line is the failure, the hook's words decide its family."""
+    runc = (
+        "docker: Error response from daemon: failed to create task for container: failed to "
+        "create shim task: OCI runtime create failed: runc create failed: unable to start "
+        "container process: error during container init: error running hook #0: error running "
+        "hook: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'"
+    )
+    hooks = {
+        "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.4, please "
+        "update your driver to a newer version, or use an earlier cuda container: unknown.": (
+            "driver_mismatch"
+        ),
+        "nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown.": (
+            "cuda_init"
+        ),
+        "mkdir /sys/fs/cgroup/cpuset/docker/32ca: permission denied: unknown.": "other",
+    }
+    for hook, cat in hooks.items():
+        ff = analyze([runc + "\n", hook + "\n"]).first_failure
+        assert ff is not None and (ff.line_no, ff.rule, ff.stage, ff.category) == (
+            1, "CTR015", "container_init", cat
+        ), hook
