@@ -626,7 +626,13 @@ def _failure_stage(
     cur = max(seen, key=lambda s: _T[s])
     ev = evidence[cur]
     unfinished = ev.completed_at is None or ev.completed_at > no
-    if r.category in _ANY_STAGE and cur in completable and unfinished and _T[cur] < _T[r.stage]:
+    if (
+        r.category in _ANY_STAGE
+        and r.id not in pol.fixed_rules
+        and cur in completable
+        and unfinished
+        and _T[cur] < _T[r.stage]
+    ):
         return cur
     return None
 
