@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kk3evidence.analysis.engine import analyze
@@ -9,6 +11,7 @@ from kk3evidence.analysis.grammar import parse_line
 from kk3evidence.analysis.rules import load_stage_hints, parse_stage_hints
 from kk3evidence.errors import RuleError
 
+CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 P = "(EngineCore pid=2) ERROR 05-05 07:35:19 [core.py:1136] "
 OOM = P + (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 2 has a "
@@ -403,3 +406,38 @@ def test_runc_create_failure_takes_the_family_of_the_nvidia_hook_line_below() ->
         assert ff is not None and (ff.line_no, ff.rule, ff.stage, ff.category) == (
             1, "CTR015", "container_init", cat
         ), hook
+
+
+def test_free_memory_check_is_an_engine_init_failure_while_the_device_stage_runs() -> None:
+    """vLLM checks free memory against --gpu-memory-utilization as the worker initialises its
+    device, before any start-up stage completes; every corpus log with it labels engine_init
+    (OOM004 is a fixed-stage rule). A committed run log of set 17 (corpus b17-file-hyouin-…)."""
+    case = next(CORPUS.glob("b17-file-hyouin-*"))
+    ff = analyze(case / "output.log").first_failure
+    assert ff is not None and (ff.rule, ff.stage, ff.category) == ("OOM004", "engine_init", "oom")
+
+
+def test_a_cuda_oom_inside_inductor_autotuning_is_an_oom() -> None:
+    line = (
+        "(EngineCore pid=42887) ERROR 04-26 12:05:05 [core.py:1108] torch._inductor.exc."
+        "InductorError: RuntimeError: Failed to run autotuning code block: CUDA out of memory. "
+        "Tried to allocate 1.02 GiB. GPU 0 has a total capacity of 14.56 GiB of which 111.81 MiB "
+        "is free."
+    )
+    ff = analyze([line + "\n"]).first_failure
+    assert ff is not None and ff.category == "oom" and ff.rule.startswith("OOM")
+
+
+def test_a_jit_build_failure_the_server_survives_is_no_cause() -> None:
+    """FlashInfer's all-reduce build fails at WARNING and vLLM falls back; a later answered
+    GET /v1/models shows the server up (MS054), so COMP010 (`when = "unready"`) drops out."""
+    build = (
+        "(Worker_TP0 pid=3438584) WARNING 04-20 00:18:19 [flashinfer_all_reduce.py:72] ninja: "
+        "build stopped: subcommand failed.\n"
+    )
+    ready = (
+        '(APIServer pid=3437395) INFO:     127.0.0.1:48416 - "GET /v1/models HTTP/1.1" 200 OK\n'
+    )
+    ff = analyze([build]).first_failure
+    assert ff is not None and ff.rule == "COMP010"
+    assert analyze([build, ready]).first_failure is None
