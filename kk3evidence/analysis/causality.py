@@ -189,7 +189,9 @@ def resolve(
     ``completable`` the stages that have completion milestones (a failure while one of them is
     in progress belongs to it, see :func:`_failure_stage`)."""
     notes: list[str] = []
-    kept = _drop_superseded(_specific_over_wrapper(hits, notes), chain_links or {})
+    kept = _drop_caught_warnings(
+        _drop_superseded(_specific_over_wrapper(hits, notes), chain_links or {})
+    )
     pol = policy if policy is not None else StageHints()
     stage_of = _stages_of(
         kept, evidence, ready_line, completable, index=HintIndex(hints), policy=pol
@@ -218,6 +220,29 @@ def resolve(
         first_captures=dict(first.captures) if first else {},
         notes=tuple(notes),
     )
+
+
+def _drop_caught_warnings(hits: list[Classified]) -> list[Classified]:
+    """Drop fallback exception lines a logger printed at WARNING (a traceback logged with
+    ``logger.warning(..., exc_info=True)``: vLLM's optional imports, a kernel it could not
+    build) when a failure that is not such a warning follows: the exception was caught and
+    the run went on, so it neither is the cause nor explains what failed later. Alone, it
+    stays (label rule 4: a warning that states the failure first counts)."""
+    caught = [
+        i for i, h in enumerate(hits)
+        if h.rule.fallback and h.line.level == "WARNING" and h.rule.kind == "failure"
+    ]
+    if not caught:
+        return hits
+    later = [
+        i for i, h in enumerate(hits)
+        if h.rule.kind == "failure" and not (h.rule.fallback and h.line.level == "WARNING")
+    ]
+    if not later:
+        return hits
+    last = max(later)
+    drop = {i for i in caught if i < last}
+    return [h for i, h in enumerate(hits) if i not in drop]
 
 
 def _drop_superseded(

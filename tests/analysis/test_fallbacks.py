@@ -503,3 +503,29 @@ def test_an_echoed_log_level_flag_is_no_error_line() -> None:
     assert a.first_failure is None
     b = _an('time=2025-06-14T12:45:06.871+01:00 level=ERROR source=server.go:4 msg="runner died"\n')
     assert b.first_failure is not None and b.first_failure.rule == "EXC010"
+
+
+def test_a_traceback_logged_as_a_warning_yields_to_a_later_failure() -> None:
+    """vLLM logs an optional import's traceback at WARNING and goes on (corpus
+    b17-file-voiceagent-…: FlashInfer's `assert cuda_home is not None`); the error that stops
+    the engine later is the answer. Alone, the warning still is (label rule 4)."""
+    w = "(EngineCore pid=7) WARNING 06-23 15:43:18 [import_utils.py:408] "
+    e = "(EngineCore pid=7) ERROR 06-23 15:43:19 [core.py:1195] "
+    warned = [
+        w + "Traceback (most recent call last):",
+        w + '  File "/x/flashinfer/jit/cpp_ext.py", line 61, in get_cuda_path',
+        w + "    assert cuda_home is not None",
+        w + "AssertionError",
+    ]
+    failed = [
+        e + "EngineCore failed to start.",
+        e + "Traceback (most recent call last):",
+        e + '  File "/x/flashinfer/jit/cpp_ext.py", line 61, in get_cuda_path',
+        e + "    raise RuntimeError(",
+        e + "RuntimeError: Could not find nvcc and default cuda_home='/usr/local/cuda' doesn't "
+        "exist",
+    ]
+    ff = analyze([ln + "\n" for ln in warned + failed]).first_failure
+    assert ff is not None and ff.line_no == 9 and "Could not find nvcc" in ff.text
+    alone = analyze([ln + "\n" for ln in warned]).first_failure
+    assert alone is not None and alone.line_no == 4
