@@ -222,27 +222,30 @@ def resolve(
     )
 
 
+# An error a fallback line states and says it will try again (`Error retrieving file list: …,
+# retrying 1 of 2`): it may succeed; a later failure is the stronger candidate.
+_RETRY_RE = re.compile(r"\b(?:retrying|will retry|retry \d+ of \d+)\b", re.IGNORECASE)
+
+
+def _provisional(h: Classified) -> bool:
+    """A fallback failure the log itself marks as not final: printed by a logger at WARNING (a
+    traceback logged with ``logger.warning(..., exc_info=True)``: vLLM's optional imports, a
+    kernel it could not build), or saying it will retry."""
+    if not h.rule.fallback or h.rule.kind != "failure":
+        return False
+    return h.line.level == "WARNING" or _RETRY_RE.search(h.line.body) is not None
+
+
 def _drop_caught_warnings(hits: list[Classified]) -> list[Classified]:
-    """Drop fallback exception lines a logger printed at WARNING (a traceback logged with
-    ``logger.warning(..., exc_info=True)``: vLLM's optional imports, a kernel it could not
-    build) when a failure that is not such a warning follows: the exception was caught and
-    the run went on, so it neither is the cause nor explains what failed later. Alone, it
-    stays (label rule 4: a warning that states the failure first counts)."""
-    caught = [
-        i for i, h in enumerate(hits)
-        if h.rule.fallback and h.line.level == "WARNING" and h.rule.kind == "failure"
-    ]
-    if not caught:
+    """Drop provisional fallback failures (:func:`_provisional`) when a failure that is not
+    provisional follows: the run went on past them, so they neither are the cause nor explain
+    what failed later. Alone, they stay (label rule 4: a warning that states the failure first
+    counts)."""
+    firm = [i for i, h in enumerate(hits) if h.rule.kind == "failure" and not _provisional(h)]
+    if not firm:
         return hits
-    later = [
-        i for i, h in enumerate(hits)
-        if h.rule.kind == "failure" and not (h.rule.fallback and h.line.level == "WARNING")
-    ]
-    if not later:
-        return hits
-    last = max(later)
-    drop = {i for i in caught if i < last}
-    return [h for i, h in enumerate(hits) if i not in drop]
+    last = max(firm)
+    return [h for i, h in enumerate(hits) if not (i < last and _provisional(h))]
 
 
 def _drop_superseded(

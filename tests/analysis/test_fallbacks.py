@@ -529,3 +529,34 @@ def test_a_traceback_logged_as_a_warning_yields_to_a_later_failure() -> None:
     assert ff is not None and ff.line_no == 9 and "Could not find nvcc" in ff.text
     alone = analyze([ln + "\n" for ln in warned]).first_failure
     assert alone is not None and alone.line_no == 4
+
+
+def test_an_error_that_says_it_will_retry_yields_to_a_later_failure() -> None:
+    """A committed run log (corpus b18-file-nucleus-…): the hub lookup fails at ERROR and says
+    `retrying 1 of 2`; the engine dies later of its free-memory check, the answer."""
+    log = [
+        "(APIServer pid=1) ERROR 04-22 21:14:59 [repo_utils.py:47] Error retrieving file list: "
+        "[Errno -3] Temporary failure in name resolution, retrying 1 of 2\n",
+        "(EngineCore pid=80) ERROR 04-22 21:15:19 [core.py:1108] ValueError: Free memory on "
+        "device cuda:0 (3.22/4.0 GiB) on startup is less than desired GPU memory utilization "
+        "(0.9, 3.6 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+        "processes.\n",
+    ]
+    ff = analyze(log).first_failure
+    assert ff is not None and (ff.line_no, ff.rule, ff.category) == (2, "OOM004", "oom")
+    alone = analyze(log[:1]).first_failure
+    assert alone is not None and alone.line_no == 1
+
+
+def test_libcxx_terminate_takes_its_family_from_the_message() -> None:
+    """vLLM on Metal (vllm-project/vllm-metal#274): libc++'s terminate line carries the
+    exception's message; the engine's death that follows is its consequence."""
+    log = [
+        "libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] "
+        "Command buffer execution failed: Insufficient Memory "
+        "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)\n",
+        "(APIServer pid=26468) ERROR 04-15 07:22:58 [core_client.py:667] Engine core proc "
+        "EngineCore died unexpectedly, shutting down client.\n",
+    ]
+    ff = analyze(log).first_failure
+    assert ff is not None and (ff.line_no, ff.rule, ff.category) == (1, "ENG026", "oom")
