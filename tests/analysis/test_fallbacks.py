@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 import kk3evidence.analysis.engine as engine
 from kk3evidence.analysis.engine import analyze
+from kk3evidence.analysis.rules import load_rules
+from kk3evidence.handoff.report.analysis import basis_note
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "corpus"
@@ -560,3 +562,19 @@ def test_libcxx_terminate_takes_its_family_from_the_message() -> None:
     ]
     ff = analyze(log).first_failure
     assert ff is not None and (ff.line_no, ff.rule, ff.category) == (1, "ENG026", "oom")
+
+
+def test_a_consequence_standing_in_says_so_in_the_report() -> None:
+    """A log holding only `Engine core initialization failed` (its cause cut away): the
+    human report says that only a line accompanying the failure is there."""
+    log = [
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+        "proc(s): {}\n"
+    ]
+    ff = analyze(log).first_failure
+    assert ff is not None and ff.basis == "fallback" and ff.rule == "CSQ001"
+    note = basis_note(ff, None)
+    assert note is not None and note.startswith("Only a line that accompanies a failure")
+    exc = analyze(["ValueError: bad\n"]).first_failure
+    assert exc is not None and load_rules().get(exc.rule).kind == "failure"
+    assert (basis_note(exc, None) or "").startswith("The rule set did not know this failure")

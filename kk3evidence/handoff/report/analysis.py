@@ -6,6 +6,7 @@ Renderers return strings; only ``cli/`` prints them.
 from __future__ import annotations
 
 from kk3evidence.analysis.hang import describe_stall
+from kk3evidence.analysis.rules import load_rules
 from kk3evidence.model import Analysis, FailureContext, Finding, JSONObject, RuleInfo
 
 _MAX_CONSEQUENCES_SHOWN = 12
@@ -42,6 +43,13 @@ def basis_note(ff: Finding, info: RuleInfo | None) -> str | None:
     """One sentence on how trustworthy the match is: a fallback (the rule set did not know
     this failure) or an experimental rule."""
     if ff.basis == "fallback":
+        rule = load_rules().get(ff.rule)
+        if rule is not None and rule.kind == "consequence":
+            return (
+                f"Only a line that accompanies a failure is in this log (rule {ff.rule}); the "
+                "line that states the failure itself is not: look around this line, or in the "
+                "part of the log that was cut."
+            )
         return (
             "The rule set did not know this failure: this line is the strongest evidence "
             f"found (fallback {ff.rule}); read it with the lines around it."
