@@ -189,7 +189,7 @@ def resolve(
     ``completable`` the stages that have completion milestones (a failure while one of them is
     in progress belongs to it, see :func:`_failure_stage`)."""
     notes: list[str] = []
-    kept = _drop_caught_warnings(
+    kept = _drop_provisional(
         _drop_superseded(_specific_over_wrapper(hits, notes), chain_links or {})
     )
     pol = policy if policy is not None else StageHints()
@@ -236,7 +236,7 @@ def _provisional(h: Classified) -> bool:
     return h.line.level == "WARNING" or _RETRY_RE.search(h.line.body) is not None
 
 
-def _drop_caught_warnings(hits: list[Classified]) -> list[Classified]:
+def _drop_provisional(hits: list[Classified]) -> list[Classified]:
     """Drop provisional fallback failures (:func:`_provisional`) when a failure that is not
     provisional follows: the run went on past them, so they neither are the cause nor explain
     what failed later. Alone, they stay (label rule 4: a warning that states the failure first

@@ -576,15 +576,12 @@ class StageHints:
     frame_subs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
     cat_funcs: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     cat_subs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
-    cat_exc_map: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.frame and not self.frame_funcs and not self.frame_subs:
             funcs, subs = _split_frame_hints(self.frame)
             self.frame_funcs.update(funcs)
             object.__setattr__(self, "frame_subs", subs)
-        if self.cat_exception and not self.cat_exc_map:
-            self.cat_exc_map.update(self.cat_exception)
         if self.cat_frame and not self.cat_funcs and not self.cat_subs:
             funcs, subs = _split_frame_hints(self.cat_frame)
             self.cat_funcs.update(funcs)
@@ -620,10 +617,10 @@ class StageHints:
         """The category of the exception class a line raises (its first ``Name:`` /
         ``Name(`` / bare ``Name`` token that ends in Error or Exception; a dotted module path
         before it is ignored), from the ``exception`` hints."""
-        if not self.cat_exc_map:
+        m = _RAISED_RE.search(body) if self.cat_exception else None
+        if m is None:
             return None
-        m = _RAISED_RE.search(body)
-        return self.cat_exc_map.get(m.group(1)) if m else None
+        return next((cat for name, cat in self.cat_exception if name == m.group(1)), None)
 
     def words_category(self, body: str) -> str | None:
         """The category of the first family word (``words``) in ``body``."""
