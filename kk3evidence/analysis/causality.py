@@ -647,7 +647,7 @@ def _failure_stage(
         if hinted is not None:
             return hinted
     if (r.fallback and r.scope != "line") or not r.stage:
-        return stage_in_progress(no, evidence, default=r.stage)
+        return stage_in_progress(no, evidence, default=pol.exception_stage(h.line.body) or r.stage)
     seen = [s for s, ev in evidence.items() if ev.first_line < no]
     if not seen:
         return None

@@ -330,6 +330,7 @@ class AnalysisEngine:
         self._evidence: dict[str, StageEvidence] = {}
         self._shutdown_line: int | None = None
         self._ready_line: int | None = None
+        self._foreign_platform_line: int | None = None  # an out-of-tree platform plugin's
         self._long_lines = 0
         self._lo = 0  # bounds of the block being processed
         self._frame_at = -1  # the next frame mark in the block being processed (see _candidate)
@@ -424,13 +425,11 @@ class AnalysisEngine:
             tail = bytes(self._pending)
             self._pending.clear()
             self._block(tail, 0, len(tail), final=True)
-        if self._ready_line is not None:
-            # a retry that may still succeed (when = "unready") did: the server became ready
-            self._hits = [h for h in self._hits if h.rule.when != "unready"]
+        self._hits = [h for h in self._hits if self._counts(h)]
         res = self._resolve()
         if res.first_failure is None:
             hit = self._last_resort()
-            if hit is not None and len(self._hits) < MAX_HITS:
+            if hit is not None and self._counts(hit) and len(self._hits) < MAX_HITS:
                 self._hits.append(hit)
                 self._hits.sort(key=lambda h: h.line.line_no)
                 res = self._resolve()
@@ -463,6 +462,19 @@ class AnalysisEngine:
             extra=extra,
             engine_config=self._engine_config.result(),
         )
+
+    def _counts(self, h: Classified) -> bool:
+        """Whether a finding's condition (its rule's ``when``) holds in the whole log: a retry
+        that may still succeed (``unready``) did not once the server became ready; a CUDA
+        library missing (``cuda_platform``) is expected after an out-of-tree platform plugin
+        was activated."""
+        when = h.rule.when
+        if when == "unready":
+            return self._ready_line is None
+        if when == "cuda_platform":
+            foreign = self._foreign_platform_line
+            return foreign is None or h.line.line_no < foreign
+        return True
 
     def _last_resort(self) -> Classified | None:
         """Nothing stated a failure (lastresort.py): the earlier of the first error-level line
@@ -731,6 +743,19 @@ class AnalysisEngine:
         if ev.completed_at is None or line_no < ev.completed_at:
             ev.completed_at = line_no
 
+    def _milestone(self, rule: Rule, line_no: int) -> None:
+        # A requested stop is not evidence that its stage (serving) was reached.
+        if rule.stage and rule.marks != "shutdown":
+            self._stage_seen(rule.stage, line_no)
+            if rule.marks in ("complete", "ready"):
+                self._stage_completed(rule.stage, line_no)
+        if rule.marks == "ready":
+            self._mark_ready(line_no)
+        if rule.marks == "shutdown" and self._shutdown_line is None:
+            self._shutdown_line = line_no
+        if rule.marks == "foreign_platform" and self._foreign_platform_line is None:
+            self._foreign_platform_line = line_no
+
     def _stage_seen(self, stage: str, line_no: int) -> None:
         ev = self._evidence.get(stage)
         if ev is None:
@@ -783,15 +808,7 @@ class AnalysisEngine:
         if rule.kind == "noise":
             return
         if rule.kind == "milestone":
-            # A requested stop is not evidence that its stage (serving) was reached.
-            if rule.stage and rule.marks != "shutdown":
-                self._stage_seen(rule.stage, line_no)
-                if rule.marks in ("complete", "ready"):
-                    self._stage_completed(rule.stage, line_no)
-            if rule.marks == "ready":
-                self._mark_ready(line_no)
-            if rule.marks == "shutdown" and self._shutdown_line is None:
-                self._shutdown_line = line_no
+            self._milestone(rule, line_no)
             return
         if len(self._hits) >= MAX_HITS:
             self._hits_dropped += 1

@@ -124,6 +124,13 @@ _SYSLOG_REST = (
 _SYSLOG_RE = re.compile(r"^(?P<ts>[A-Z][a-z]{2}" + _SYSLOG_REST)
 # journalctl under a CJK locale writes the month as a number: "6月 10 16:45:05 host bash[1]: "
 _SYSLOG_CJK_RE = re.compile(r"^(?P<ts>\d{1,2}月" + _SYSLOG_REST)
+# Python logging's "asctime | LEVEL | name | msg" (FastChat's workers, whose stderr logger
+# re-logs every line vLLM prints at ERROR) and loguru's "time | LEVEL    | mod:func:line - msg"
+_PIPE_LOG_RE = re.compile(
+    r"^(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?) \| "
+    r"(?P<level>TRACE|DEBUG|INFO|SUCCESS|WARNING|ERROR|CRITICAL) *\| "
+    r"(?:(?P<name>[^|\s][^|]{0,80}?) \| |(?P<src>[\w.<>-]+:[\w.<>-]+:\d+) - )"
+)
 # docker compose "svc-1  | ", Buildkite "  | " (no name)
 _COMPOSE_RE = re.compile(r"^(?:(?P<svc>[A-Za-z0-9][A-Za-z0-9_.-]*)\s+|[>\"\s]*)\|\s?")
 # `kubectl logs --prefix`: "[pod/<name>/<container>] ".
@@ -161,8 +168,12 @@ _BRACKET_TS_RE = re.compile(
 )
 # Colour codes as rsyslog writes them (control characters escaped as `#` and octal: `#033[33m`)
 _SYSLOG_ESC_RE = re.compile(r"#033\[[0-9;]*[A-Za-z]")
-# Colour codes whose ESC byte was lost (pasted logs): " [36m(RayWorkerVllm pid=1) [0m ..."
-_ANSI_REMNANT_RE = re.compile(r"(?<![\w\]])\[(?:\d{1,3}(?:;\d{1,3})*)?m(?![\w])")
+# Colour codes whose ESC byte was lost (pasted logs): " [36m(RayWorkerVllm pid=1) [0m ...",
+# Ray's "RayTaskError(ValueError): [36mray::Worker.run()[39m (pid=…)". Only looked for in a
+# line that also holds a reset code (`[0m`, vLLM's `[0;0m`, the default colour `[39m`).
+_ANSI_REMNANT_RE = re.compile(
+    r"(?<![\w\]])\[(?:(?:\d{1,3}(?:;\d{1,3})*)?m(?!\w)|(?:[01];)?(?:3\d|9[0-7])m)"
+)
 
 # Producer prefixes.
 _VLLM_PROC_RE = re.compile(
@@ -283,7 +294,7 @@ def decode_line(raw: bytes | str) -> str:
         if "#015" in text:  # a CR: the last non-empty segment, as for a real one
             segs = [s for s in text.split("#015") if s.strip()]
             text = segs[-1] if segs else ""
-    if "[0m" in text or "[0;0m" in text:  # vLLM's own colour codes end with `[0;0m`
+    if "[0m" in text or "[0;0m" in text or "[39m" in text:  # resets: vLLM's is `[0;0m`
         text = _ANSI_REMNANT_RE.sub("", text).lstrip()
     return text
 
@@ -390,6 +401,16 @@ class EnvelopeFormat:
 
 def _y_nothing(m: re.Match[str], acc: _Acc) -> None:
     return None
+
+
+def _y_pipe_log(m: re.Match[str], acc: _Acc) -> None:
+    acc.timestamp = m.group("ts")
+    # A logger that re-logs a stream (FastChat's `stderr` at ERROR) says nothing of the line's
+    # own level: a vLLM line inside keeps its own, a traceback line has none.
+    if m.group("name") not in ("stderr", "stdout"):
+        acc.level = normalize_level(m.group("level"))
+    if m.group("src"):
+        acc.source = m.group("src")
 
 
 def _y_compose(m: re.Match[str], acc: _Acc) -> None:
@@ -636,6 +657,30 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note="Google Cloud Logging's text export: severity, receive time, GKE container label",
+    ),
+    EnvelopeFormat(
+        name="pipe_log",
+        layer="wrapper",
+        guard=Guard(first=str.isdigit, literal=" | ", within=(18, 32)),
+        regex=_PIPE_LOG_RE,
+        apply=_y_pipe_log,
+        yields=("timestamp",),
+        samples=(
+            Sample(
+                # FastChat's vllm_worker (corpus b19-fastchat3704)
+                line=(
+                    "2025-03-24 22:04:27 | ERROR | stderr | AttributeError: 'AsyncLLM' object "
+                    "has no attribute 'engine'"
+                ),
+                body="AttributeError: 'AsyncLLM' object has no attribute 'engine'",
+            ),
+            Sample(
+                line="2023-11-10 17:45:27 | ERROR | asyncio | Future exception was never retrieved",
+                body="Future exception was never retrieved",
+                level="ERROR",
+            ),
+        ),
+        note="Python logging's 'asctime | LEVEL | name | msg' (FastChat) and loguru's format",
     ),
     EnvelopeFormat(
         name="compose",

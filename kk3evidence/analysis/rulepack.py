@@ -37,7 +37,9 @@ _MATCHING = (
     "rules claim a line: noise, then consequence, then failure, then milestone; higher "
     "priority first; fallback rules last; then the order in this pack. 'when': 'shutdown' "
     "(a noise rule only after a requested stop), 'unready' (a failure only in a log that "
-    "never reaches ready: a retry that may still succeed)."
+    "never reaches ready: a retry that may still succeed), 'cuda_platform' (a failure only "
+    "while no out-of-tree platform plugin is active: a milestone with marks "
+    "'foreign_platform' before the line turns it off)."
 )
 _FLAVOR = (
     "Portable subset: (?:...), (?!...), \\s, \\d, character classes, lazy .*?, numbered "

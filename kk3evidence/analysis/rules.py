@@ -84,10 +84,12 @@ class Rule:
     consequence_of: frozenset[str] | None
     # noise: "shutdown" = only after a requested shutdown; failure or consequence: "unready" =
     # only in a log that never reaches ready (a retry that may still succeed, a notice that a
-    # healthy run prints too)
+    # healthy run prints too), "cuda_platform" = only while no out-of-tree platform plugin
+    # (Ascend, Kunlun, Metal, …) is active (a CUDA library it does not use may be missing)
     when: str | None = None
     # milestone: "complete" (stage done), "ready" (the server answers: complete + serving starts
-    # at the next failure), "shutdown" (a stop was requested)
+    # at the next failure), "shutdown" (a stop was requested), "foreign_platform" (an
+    # out-of-tree platform plugin was activated)
     marks: str | None = None
     # "line" | "exception" (only traceback exception/detail lines) | "level" (the last resort:
     # an error-level line, only when the log states no other failure; analysis.lastresort) |
@@ -342,8 +344,11 @@ def iter_rule_problems(
             yield f"{where}: consequence_of is only for kind = 'consequence'"
         if r.get("when") == "shutdown" and kind != "noise":
             yield f"{where}: when = 'shutdown' is only for kind = 'noise'"
-        if r.get("when") == "unready" and kind not in ("failure", "consequence"):
-            yield f"{where}: when = 'unready' is only for kind = 'failure' or 'consequence'"
+        if r.get("when") in ("unready", "cuda_platform") and kind not in (
+            "failure",
+            "consequence",
+        ):
+            yield f"{where}: when = {r.get('when')!r} is only for kind = 'failure' or 'consequence'"
         if r.get("marks") and kind != "milestone":
             yield f"{where}: marks is only for kind = 'milestone'"
         if not _as_list(r.get("match")):
@@ -497,7 +502,7 @@ def check_rules() -> RuleSet:
 # --------------------------------------------------------------------------------------------
 
 STAGE_HINTS_SCHEMA = FORMAT_IDS["stage-hints"]
-_HINT_KEYS = frozenset({"stage", "frame", "line"})
+_HINT_KEYS = frozenset({"stage", "frame", "line", "exception"})
 _EXC_NAME_RE = re.compile(r"[A-Z][A-Za-z0-9_]*(?:Error|Exception)")
 # the first exception class a line names as raised: `ValueError: …`, `ValueError(…)`, a bare
 # `ValueError` ending the line; `pkg.mod.ValueError` counts as ValueError
@@ -560,6 +565,9 @@ class StageHints:
     window_after: int = 0
     frame: tuple[tuple[str, str], ...] = ()  # (substring of a frame line, stage)
     line: tuple[tuple[str, str], ...] = ()  # (substring of a nearby line, stage)
+    # (exception class, stage): where a fallback exception belongs when no stage is in
+    # progress at its line (an ImportError before any milestone: a broken install)
+    exception: tuple[tuple[str, str], ...] = ()
     # Category from context: failures of these categories take the category their own text,
     # their traceback's frames or nearby lines point at ([[category_hint]] tables).
     category_context: frozenset[str] = frozenset()
@@ -612,6 +620,14 @@ class StageHints:
 
     def self_category(self, body: str) -> str | None:
         return _first_needle(self.cat_self, body)
+
+    def exception_stage(self, body: str) -> str | None:
+        """The stage the class of the exception a line raises points at (``exception`` in a
+        ``[[hint]]``), or None."""
+        m = _RAISED_RE.search(body) if self.exception else None
+        if m is None:
+            return None
+        return next((st for name, st in self.exception if name == m.group(1)), None)
 
     def exception_category(self, body: str) -> str | None:
         """The category of the exception class a line raises (its first ``Name:`` /
@@ -669,6 +685,7 @@ def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> Stag
         windows.append(v)
     frame: list[tuple[str, str]] = []
     line: list[tuple[str, str]] = []
+    exception: list[tuple[str, str]] = []
     hints = doc.get("hint", [])
     if not isinstance(hints, list):
         raise RuleError(f"{source}: hint must be an array of tables ([[hint]])")
@@ -684,10 +701,14 @@ def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> Stag
             raise RuleError(
                 f"{source}: {where}: stage {stage!r} is not one of {[*STAGES, UNREADY]}"
             )
-        if stage == UNREADY and h.get("frame"):
+        if stage == UNREADY and (h.get("frame") or h.get("exception")):
             raise RuleError(f"{source}: {where}: an {UNREADY!r} hint takes lines only")
         frame += [(x, stage) for x in _str_list(h.get("frame", []), f"{where}: frame", source)]
         line += [(x, stage) for x in _str_list(h.get("line", []), f"{where}: line", source)]
+        for x in _str_list(h.get("exception", []), f"{where}: exception", source):
+            if not _EXC_NAME_RE.fullmatch(x):
+                raise RuleError(f"{source}: {where}: {x!r} is not a Python exception class name")
+            exception.append((x, stage))
     cat_ctx = _str_list(doc.get("category_context", []), "category_context", source)
     bad = [c for c in cat_ctx if c not in CATEGORIES]
     if bad:
@@ -700,6 +721,7 @@ def parse_stage_hints(text: str, source: str = "rules/stage-hints.toml") -> Stag
         window_after=windows[1],
         frame=tuple(frame),
         line=tuple(line),
+        exception=tuple(exception),
         category_context=frozenset(cat_ctx),
         cat_frame=cframe,
         cat_line=cline,

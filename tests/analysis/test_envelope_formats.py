@@ -20,6 +20,9 @@ KNOWN_OVERLAPS = {
     # come first in the level layer, so their source/pid/timestamp are kept.
     ("bracket_level", "cann"),
     ("bracket_level", "torch_npu"),
+    # "2025-03-24 22:04:27 | ERROR | stderr | …" also starts with an ISO timestamp: the pipe
+    # format comes first in the wrapper layer, so its level and logger name are peeled too.
+    ("k8s_iso", "pipe_log"),
 }
 
 SAMPLES = [(f, s) for f in FORMATS for s in f.samples]
