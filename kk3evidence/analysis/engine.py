@@ -330,7 +330,7 @@ class AnalysisEngine:
         self._evidence: dict[str, StageEvidence] = {}
         self._shutdown_line: int | None = None
         self._ready_line: int | None = None
-        self._foreign_platform_line: int | None = None  # an out-of-tree platform plugin's
+        self._foreign_platform_line: int | None = None  # a platform plugin took over here
         self._long_lines = 0
         self._lo = 0  # bounds of the block being processed
         self._frame_at = -1  # the next frame mark in the block being processed (see _candidate)

@@ -524,6 +524,14 @@ _HINTS_TOP = frozenset(
 )
 
 
+def _raised_lookup(pairs: tuple[tuple[str, str], ...], body: str) -> str | None:
+    """The value paired with the exception class ``body`` raises (:data:`_RAISED_RE`)."""
+    m = _RAISED_RE.search(body) if pairs else None
+    if m is None:
+        return None
+    return next((value for name, value in pairs if name == m.group(1)), None)
+
+
 def _split_frame_hints(
     frame: tuple[tuple[str, str], ...],
 ) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
@@ -624,19 +632,13 @@ class StageHints:
     def exception_stage(self, body: str) -> str | None:
         """The stage the class of the exception a line raises points at (``exception`` in a
         ``[[hint]]``), or None."""
-        m = _RAISED_RE.search(body) if self.exception else None
-        if m is None:
-            return None
-        return next((st for name, st in self.exception if name == m.group(1)), None)
+        return _raised_lookup(self.exception, body)
 
     def exception_category(self, body: str) -> str | None:
         """The category of the exception class a line raises (its first ``Name:`` /
         ``Name(`` / bare ``Name`` token that ends in Error or Exception; a dotted module path
         before it is ignored), from the ``exception`` hints."""
-        m = _RAISED_RE.search(body) if self.cat_exception else None
-        if m is None:
-            return None
-        return next((cat for name, cat in self.cat_exception if name == m.group(1)), None)
+        return _raised_lookup(self.cat_exception, body)
 
     def words_category(self, body: str) -> str | None:
         """The category of the first family word (``words``) in ``body``."""
