@@ -36,6 +36,7 @@ from kk3evidence.model import (
 )
 
 __all__ = [
+    "INTERRUPTED_RULE",
     "SERVING_STALL_RULE",
     "STALL_RULE",
     "WAITING_RULE",
@@ -55,6 +56,8 @@ STALL_RULE = "STALL001"
 SERVING_STALL_RULE = "STALL002"
 #: ... and a start-up whose log ends in the engine's notices that it waits for its workers
 WAITING_RULE = "STALL003"
+#: ... and a start-up the operator interrupted (Ctrl-C) before it became ready
+INTERRUPTED_RULE = "STALL004"
 # vLLM's shared-memory message queue (shm_broadcast.py) logs this once a minute
 # (VLLM_RINGBUFFER_WARNING_INTERVAL, 60 s) while the engine waits for its workers to take or
 # answer a message. One or a few come during a long warm-up or load (clean corpus logs have up
@@ -459,6 +462,11 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
         scan.finish()
         waiting = _waiting_run(scan)
         stalled = waiting is not None
+    interrupted = None
+    if not stalled and _may_be_interrupted(analysis):
+        scan.finish()
+        interrupted = _interrupt_line(scan)
+        stalled = interrupted is not None
     if stalled:
         scan.finish()
     times: dict[int, float] = {}
@@ -485,6 +493,8 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
         last = (ff.line_no, ff.text, ff.process)  # a timeout after ready: the scan had stopped
     if waiting is not None:
         last = waiting
+    if interrupted is not None:
+        last = interrupted
     stall = _stall_record(analysis, scan, inputs, times, last)
     if analysis.first_failure is not None:
         return replace(analysis, stall=stall)
@@ -497,7 +507,44 @@ def apply_hang(analysis: Analysis, scan: HangScan, inputs: StallInputs | None = 
                 "a worker hangs or never finishes a step."
             ),
         )
+    if interrupted is not None:
+        return _with_verdict(
+            analysis, stall, last, rule=INTERRUPTED_RULE, name="start-up-interrupted",
+            why=(
+                "The run never became ready, no line states a failure, and it was stopped with "
+                "Ctrl-C (KeyboardInterrupt): the operator gave up on a start-up that did not "
+                "move. The traceback printed at the stop shows where the main thread waited."
+            ),
+        )
     return _with_verdict(analysis, stall, last)
+
+
+def _may_be_interrupted(analysis: Analysis) -> bool:
+    """No failure, never ready, no stage seen (with one, :func:`_stalled` decides), and a stop
+    was requested: the log may be an interrupted start-up's traceback."""
+    return (
+        analysis.first_failure is None
+        and analysis.extra.ready_line is None
+        and analysis.last_stage_reached is None
+        and analysis.extra.shutdown_requested_line is not None
+    )
+
+
+_INTERRUPT_RE = re.compile(r"(?:^|[\s\])])KeyboardInterrupt(?::.*)?$")
+
+
+def _interrupt_line(scan: HangScan) -> tuple[int, str, str | None] | None:
+    """The ``KeyboardInterrupt`` exception line of a traceback among the log's last lines (a
+    frame line before it): a program that was running when it was stopped. ``None`` when the
+    stop left no traceback (a bare ``^C`` or a signal notice is no evidence of a start-up)."""
+    frame = False
+    for item in scan.tail:
+        text = item[1].strip()
+        if 'File "' in text:
+            frame = True
+        elif frame and "raise " not in text and _INTERRUPT_RE.search(text):
+            return item
+    return None
 
 
 def _may_be_waiting(analysis: Analysis) -> bool:
