@@ -34,7 +34,7 @@ from typing import Any
 
 from kk3evidence.analysis.classify import Classified
 from kk3evidence.analysis.grammar import LogLine
-from kk3evidence.analysis.rules import UNREADY, StageHints
+from kk3evidence.analysis.rules import DEVICE_CAUSE, UNREADY, StageHints
 from kk3evidence.model import STAGES, Finding, StageSpan, StageStatus
 
 __all__ = ["TIME_ORDER", "HintEvent", "Resolution", "StageEvidence", "resolve", "stage_in_progress"]
@@ -170,6 +170,52 @@ def _specific_over_wrapper(hits: Sequence[Classified], notes: list[str]) -> list
     return out
 
 
+# Ray's driver-side wrapper of a remote failure: `RayTaskError(KeyError): ray::Actor.method()`,
+# then the remote frames, then the remote `KeyError: …` line (label rule 8, corpus/README.md).
+_RAY_WRAPPER_RE = re.compile(r"RayTaskError\((\w+)\): ")
+_REMOTE_SPAN = 400  # lines from the wrapper to the remote exception line it announces
+
+
+def _wrapper_over_remote(hits: Sequence[Classified], notes: list[str]) -> list[Classified]:
+    """Ray's ``RayTaskError(X)`` line states the failure first (it names the class): it stays
+    the first causal line, classified by the remote ``X: …`` exception line that ends its
+    traceback (which is not listed again). A worker's own earlier printing of the exception
+    is earlier in the log and stays first."""
+    out: list[Classified] = []
+    taken: set[int] = set()
+    for i, h in enumerate(hits):
+        if i in taken:
+            continue
+        m = _RAY_WRAPPER_RE.search(h.line.body)
+        inner = None
+        if m is not None:
+            inner = next(
+                (j for j in range(i + 1, len(hits))
+                 if hits[j].line.line_no - h.line.line_no <= _REMOTE_SPAN
+                 and hits[j].line.tb_role == "exception"
+                 and _exception_class(hits[j].line.body) == m.group(1)
+                 and _RAY_WRAPPER_RE.search(hits[j].line.body) is None),
+                None,
+            )
+        if inner is None:
+            out.append(h)
+            continue
+        r = hits[inner]
+        notes.append(f"line {h.line.line_no}: Ray's wrapper is classified by the remote "
+                     f"{m.group(1) if m else ''} of line {r.line.line_no}")
+        out.append(replace(h, rule=r.rule, captures=r.captures))
+        taken.add(inner)
+    return out
+
+
+def _exception_class(body: str) -> str | None:
+    """``KeyError`` of ``KeyError: 'x'`` or ``ray.exceptions.ActorDiedError: …``."""
+    head = body.lstrip().split(":", 1)[0]
+    if not head or " " in head:
+        return None
+    return head.rsplit(".", 1)[-1]
+
+
 def resolve(
     hits: Sequence[Classified],
     evidence: dict[str, StageEvidence],
@@ -190,7 +236,9 @@ def resolve(
     in progress belongs to it, see :func:`_failure_stage`)."""
     notes: list[str] = []
     kept = _drop_provisional(
-        _drop_superseded(_specific_over_wrapper(hits, notes), chain_links or {})
+        _drop_superseded(
+            _wrapper_over_remote(_specific_over_wrapper(hits, notes), notes), chain_links or {}
+        )
     )
     pol = policy if policy is not None else StageHints()
     stage_of = _stages_of(
@@ -236,16 +284,41 @@ def _provisional(h: Classified) -> bool:
     return h.line.level == "WARNING" or _RETRY_RE.search(h.line.body) is not None
 
 
+# A failure "concerns the device" when its text names it (a later failure a GPU-less process
+# explains: `Device string must not be empty`, `No CUDA GPUs are available`).
+_DEVICE_RE = re.compile(r"\b(?:cuda|gpus?|device|nvml|driver)\b", re.IGNORECASE)
+
+
+def _concerns_device(h: Classified) -> bool:
+    return h.rule.category in ("cuda_init", "driver_mismatch") or bool(
+        _DEVICE_RE.search(h.line.body)
+    )
+
+
 def _drop_provisional(hits: list[Classified]) -> list[Classified]:
     """Drop provisional fallback failures (:func:`_provisional`) when a failure that is not
     provisional follows: the run went on past them, so they neither are the cause nor explain
     what failed later. Alone, they stay (label rule 4: a warning that states the failure first
-    counts)."""
-    firm = [i for i, h in enumerate(hits) if h.rule.kind == "failure" and not _provisional(h)]
+    counts). A rule failure with ``when = "device_cause"`` (a process that sees no GPU) is
+    dropped only when the next firm failure after it does not concern the device: a GPU-less
+    Ray driver or benchmark client that later fails for another reason."""
+    firm = [
+        i for i, h in enumerate(hits)
+        if h.rule.kind == "failure" and not _provisional(h) and h.rule.when != DEVICE_CAUSE
+    ]
     if not firm:
         return hits
     last = max(firm)
-    return [h for i, h in enumerate(hits) if not (i < last and _provisional(h))]
+
+    def dropped(i: int, h: Classified) -> bool:
+        if i >= last:
+            return False
+        if h.rule.when == DEVICE_CAUSE and h.rule.kind == "failure":
+            after = hits[next(j for j in firm if j > i)]
+            return not _concerns_device(after)
+        return _provisional(h)
+
+    return [h for i, h in enumerate(hits) if not dropped(i, h)]
 
 
 def _drop_superseded(

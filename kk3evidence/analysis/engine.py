@@ -469,7 +469,7 @@ class AnalysisEngine:
         library missing (``cuda_platform``) is expected after an out-of-tree platform plugin
         was activated."""
         when = h.rule.when
-        if when == "unready":
+        if when in ("unready", "device_cause"):  # device_cause's other half: causality.py
             return self._ready_line is None
         if when == "cuda_platform":
             foreign = self._foreign_platform_line

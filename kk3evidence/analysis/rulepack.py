@@ -39,7 +39,10 @@ _MATCHING = (
     "(a noise rule only after a requested stop), 'unready' (a failure only in a log that "
     "never reaches ready: a retry that may still succeed), 'cuda_platform' (a failure only "
     "while no out-of-tree platform plugin is active: a milestone with marks "
-    "'foreign_platform' before the line turns it off)."
+    "'foreign_platform' before the line turns it off), 'device_cause' (as 'unready', and the "
+    "failure yields to a later one that does not concern the device: one whose category is "
+    "not cuda_init or driver_mismatch and whose text names no CUDA, GPU, device, driver or "
+    "NVML)."
 )
 _FLAVOR = (
     "Portable subset: (?:...), (?!...), \\s, \\d, character classes, lazy .*?, numbered "

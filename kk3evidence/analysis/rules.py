@@ -85,7 +85,9 @@ class Rule:
     # noise: "shutdown" = only after a requested shutdown; failure or consequence: "unready" =
     # only in a log that never reaches ready (a retry that may still succeed, a notice that a
     # healthy run prints too), "cuda_platform" = only while no out-of-tree platform plugin
-    # (Ascend, Kunlun, Metal, …) is active (a CUDA library it does not use may be missing)
+    # (Ascend, Kunlun, Metal, …) is active (a CUDA library it does not use may be missing),
+    # "device_cause" = "unready", and it yields to a later failure that does not concern the
+    # device (a process that sees no GPU matters only when something needed one)
     when: str | None = None
     # milestone: "complete" (stage done), "ready" (the server answers: complete + serving starts
     # at the next failure), "shutdown" (a stop was requested), "foreign_platform" (an
@@ -344,7 +346,7 @@ def iter_rule_problems(
             yield f"{where}: consequence_of is only for kind = 'consequence'"
         if r.get("when") == "shutdown" and kind != "noise":
             yield f"{where}: when = 'shutdown' is only for kind = 'noise'"
-        if r.get("when") in ("unready", "cuda_platform") and kind not in (
+        if r.get("when") in ("unready", "cuda_platform", "device_cause") and kind not in (
             "failure",
             "consequence",
         ):
@@ -738,6 +740,9 @@ _Pairs = tuple[tuple[str, str], ...]
 #: A ``[[hint]]`` "stage" that is none: its lines say the engine never finished starting
 #: (``EngineCore failed to start``), so a failure just before one is no serving failure.
 UNREADY = "unready"
+#: A failure rule's ``when``: a process that sees no GPU; it yields to a later failure that
+#: does not concern the device (analysis/causality.py).
+DEVICE_CAUSE = "device_cause"
 
 
 def _category_hints(
