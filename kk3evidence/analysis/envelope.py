@@ -139,20 +139,31 @@ _KUBECTL_RE = re.compile(
 )
 # vLLM-Omni's multi-stage pipelines tag each stage's lines: "[Stage-0] ERROR 01-30 …".
 _OMNI_STAGE_RE = re.compile(r"^\[Stage-\d{1,3}\]\s+")
+# A process tag's name: vLLM's `EngineCore_DP0`, Ray's actor classes, Ray Serve's replicas
+# `ServeReplica:app:Deployment` (colon-separated segments).
+_TAG_NAME = r"[A-Za-z][A-Za-z0-9_\-]*(?::[A-Za-z0-9_\-.]+)*"
 # A pasted/quoted log: markdown block quotes ("> ", "> > ") in front of the real line. One
 # blank after each `>` belongs to the quote; further blanks are the line's own (a quoted
 # traceback's frames keep their indentation).
 _QUOTE_RE = re.compile(r"^(?:>[ \t]?)+(?=[ \t]*\S)")
+# A terminal UI's box around a pane (k9s, `kubectl` viewers): a box-drawing border in front
+# of a log line that starts with a level or a process tag (the border after it is left in the
+# body: patterns do not anchor at the end). Rich's traceback panels use the same border around
+# frames: those lines start with a path, and stay as they are for the traceback grammar.
+_TUI_BORDER_RE = re.compile(
+    r"^[│┃║][ \t]?(?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)[: ]|\(" + _TAG_NAME + r"\s)"
+)
 # A paste indented as a whole (a markdown list item, a code block nested in a quote): leading
 # blanks before a vLLM process tag. Only before the tag: a bare indented line may be a frame.
 _INDENTED_RE = re.compile(
-    r"^[ \t]{1,24}(?=\([A-Za-z][A-Za-z0-9_\-]*(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3}\s+pid=\d)"
+    r"^[ \t]{1,24}(?=\(" + _TAG_NAME + r"(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3}\s+pid=\d)"
 )
-# A markdown list item around a pasted line ("- 2024-06-22T20:16:34Z ERROR …"): the marker is
-# peeled only before an ISO timestamp or a vLLM process tag (YAML and diff lines stay as they are).
+# A markdown list item around a pasted line ("- 2024-06-22T20:16:34Z ERROR …") or the backtick
+# that opens an inline-code paste: the marker is peeled only before an ISO timestamp or a vLLM
+# process tag (YAML and diff lines stay as they are).
 _MD_LIST_RE = re.compile(
-    r"^[-*+][ \t]+(?=\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}"
-    r"|\([A-Za-z][A-Za-z0-9_\-]*(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3}\s+pid=\d)"
+    r"^(?:[-*+][ \t]+|`)(?=\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}"
+    r"|\(" + _TAG_NAME + r"(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3}\s+pid=\d)"
 )
 # Google Cloud Logging's text export (`gcloud logging read`, the Logs Explorer's download):
 # the entry's severity and receive time, on GKE the container label, then the line as written.
@@ -177,7 +188,7 @@ _ANSI_REMNANT_RE = re.compile(
 
 # Producer prefixes.
 _VLLM_PROC_RE = re.compile(
-    r"^\((?P<name>[A-Za-z][A-Za-z0-9_\-]*(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3})\s+pid=(?P<pid>\d+)"
+    r"^\((?P<name>" + _TAG_NAME + r"(?:\s+(?!pid=)[A-Za-z0-9_\-=]+){0,3})\s+pid=(?P<pid>\d+)"
     r"(?:,\s*ip=(?P<ip>[^)\s]+))?\)\s?"
 )
 # Ray prefixes without a process name: "(pid=123) ", "(pid=123, ip=10.0.0.1) ", "(raylet) ".
@@ -558,6 +569,25 @@ def _y_torch_npu(m: re.Match[str], acc: _Acc) -> None:
 
 FORMATS: tuple[EnvelopeFormat, ...] = (
     EnvelopeFormat(
+        name="tui_border",
+        layer="wrapper",
+        guard=Guard(first=frozenset("│┃║")),
+        regex=_TUI_BORDER_RE,
+        apply=_y_nothing,
+        yields=(),
+        samples=(
+            Sample(
+                line=(
+                    "│ CRITICAL 08-30 19:24:28 launcher.py:82] AsyncLLMEngine has failed, "
+                    "terminating server process          │"
+                ),
+                body="AsyncLLMEngine has failed, terminating server process          │",
+                level="CRITICAL",
+            ),
+        ),
+        note="a line inside a terminal UI's box (k9s): the border in front",
+    ),
+    EnvelopeFormat(
         name="quote",
         layer="wrapper",
         guard=Guard(first=frozenset(">")),
@@ -606,7 +636,7 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
     EnvelopeFormat(
         name="md_list",
         layer="wrapper",
-        guard=Guard(first=frozenset("-*+")),
+        guard=Guard(first=frozenset("-*+`")),
         regex=_MD_LIST_RE,
         apply=_y_nothing,
         yields=(),
@@ -626,8 +656,19 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
                 process="APIServer pid=1",
                 level="ERROR",
             ),
+            Sample(
+                line=(
+                    "`(ServeReplica:default:VLLMDeployment pid=1328933)     return any(model.name "
+                    "== model_name for model in self.base_model_paths)"
+                ),
+                body="    return any(model.name == model_name for model in self.base_model_paths)",
+                process="ServeReplica:default:VLLMDeployment pid=1328933",
+            ),
         ),
-        note="a pasted line in a markdown list item, before a timestamp or a vLLM process tag",
+        note=(
+            "a pasted line in a markdown list item or after an inline-code backtick, before a "
+            "timestamp or a vLLM process tag"
+        ),
     ),
     EnvelopeFormat(
         name="cloud_logging",
