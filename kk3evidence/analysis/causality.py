@@ -723,7 +723,9 @@ def _failure_stage(
         return stage_in_progress(no, evidence, default=pol.exception_stage(h.line.body) or r.stage)
     seen = [s for s, ev in evidence.items() if ev.first_line < no]
     if not seen:
-        return None
+        # A wrapper that stands in for an exception the log does not show (Ray's
+        # `RayTaskError(ModuleNotFoundError)`) names its class: the class's stage hint.
+        return pol.exception_stage(h.line.body) if r.kind == "consequence" else None
     cur = max(seen, key=lambda s: _T[s])
     ev = evidence[cur]
     unfinished = ev.completed_at is None or ev.completed_at > no

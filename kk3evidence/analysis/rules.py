@@ -511,6 +511,7 @@ _EXC_NAME_RE = re.compile(r"[A-Z][A-Za-z0-9_]*(?:Error|Exception)")
 _RAISED_RE = re.compile(
     r"(?<![\w])(?:[A-Za-z_][\w]*\.)*([A-Z][A-Za-z0-9_]*(?:Error|Exception))(?=:|\(|\s*$)"
 )
+_WRAPPED_RE = re.compile(r"\((\w+)\)")
 _CAT_HINT_KEYS = frozenset({"category", "frame", "line", "self", "words", "exception"})
 _HINTS_TOP = frozenset(
     {
@@ -531,7 +532,11 @@ def _raised_lookup(pairs: tuple[tuple[str, str], ...], body: str) -> str | None:
     m = _RAISED_RE.search(body) if pairs else None
     if m is None:
         return None
-    return next((value for name, value in pairs if name == m.group(1)), None)
+    name = m.group(1)
+    if name == "RayTaskError":  # Ray's wrapper names the remote class: RayTaskError(KeyError)
+        inner = _WRAPPED_RE.match(body, m.end(1))
+        name = inner.group(1) if inner else name
+    return next((value for n, value in pairs if n == name), None)
 
 
 def _split_frame_hints(

@@ -80,3 +80,24 @@ def test_no_cuda_runtime_stays_the_cause_of_a_failure_about_the_device() -> None
 def test_no_cuda_runtime_alone_in_a_log_that_never_became_ready_is_the_answer() -> None:
     ff = _first(_NO_CUDA)
     assert ff is not None and ff.rule == "CUDA020"
+
+
+def test_a_ray_wrapper_alone_takes_the_stage_its_remote_class_points_at() -> None:
+    # b21-agentlightningpr144: the remote ModuleNotFoundError is not in the log
+    ff = _first(
+        "ray.exceptions.RayTaskError(ModuleNotFoundError): ray::WorkerDict.actor_rollout_init_"
+        "model() (pid=10928, ip=10.1.1.104, actor_id=3b846a02a80aa8b92c91fcfb01000000)\n"
+        '  File "/usr/lib/python3.12/concurrent/futures/_base.py", line 449, in result\n'
+        "    return self.__get_result()\n"
+    )
+    assert ff is not None and (ff.line_no, ff.rule, ff.stage) == (1, "CSQ021", "container_init")
+
+
+def test_ray_killing_workers_for_host_memory_with_no_stage_in_view_is_serving() -> None:
+    # b13-1160: the memory monitor fires while a job runs
+    ff = _first(
+        "(raylet) [2025-04-02 15:02:00,117 E 135782 135782] (raylet) node_manager.cc:3069: 1 "
+        "Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed due to "
+        "other reasons at node (ID: 351e40, IP: 10.0.0.1) over the last time period.\n"
+    )
+    assert ff is not None and (ff.rule, ff.stage, ff.category) == ("OOM014", "serving", "oom")
