@@ -5,7 +5,9 @@ group. The same runs, recorded once, are the fast tests' fixtures (tests/data/re
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +36,34 @@ def _analyze_cli(paths: list[Path]) -> tuple[int, dict[str, object]]:
     return proc.returncode, json.loads(proc.stdout)
 
 
-def test_healthy_two_node_start_is_a_clean_group(vllm_cpu: object, tmp_path: Path) -> None:
-    run = _run(vllm_cpu, tmp_path, "healthy")
+@pytest.fixture(scope="session")
+def env_run(vllm_cpu: object, tmp_path_factory: pytest.TempPathFactory) -> twonode.GroupRun:
+    """One healthy two-node start whose node 1 has one more vLLM variable (VLLM_ENGINE_READY_
+    TIMEOUT_S, which changes nothing at start-up): both the clean-group and the named-variable
+    tests read it, whichever xdist worker runs them (one real start instead of two)."""
+    base = tmp_path_factory.getbasetemp()
+    # xdist: each worker's base folder is popen-gwN inside the session's own folder
+    out = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "group-env"
+    out.mkdir(exist_ok=True)
+    record = out / "run.json"
+    with (out / "run.lock").open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # another worker may be running it now
+        if not record.is_file():
+            run = _run(vllm_cpu, out, "env")
+            record.write_text(json.dumps({
+                "node0": str(run.node0), "node1": str(run.node1), "rc0": run.rc0,
+                "rc1": run.rc1, "out0": run.out0[-4000:].decode("utf-8", "replace"),
+                "out1": run.out1[-4000:].decode("utf-8", "replace"),
+            }))
+    d = json.loads(record.read_text())
+    return twonode.GroupRun(
+        Path(d["node0"]), Path(d["node1"]), d["rc0"], d["rc1"],
+        d["out0"].encode(), d["out1"].encode(),
+    )
+
+
+def test_healthy_two_node_start_is_a_clean_group(env_run: twonode.GroupRun) -> None:
+    run = env_run
     assert run.rc0 == 0, run.out0[-2000:]
     for i, bundle in enumerate((run.node0, run.node1)):
         with open_bundle(bundle) as b:
@@ -45,7 +73,9 @@ def test_healthy_two_node_start_is_a_clean_group(vllm_cpu: object, tmp_path: Pat
     assert rc == 0 and out["first_failure"] is None
     timeline = out["group"]["timeline"]  # type: ignore[index]
     assert {e["node"] for e in timeline} == {"node0", "node1"}
-    assert out["group"]["consistency"] == []  # type: ignore[index]
+    # the one difference between the nodes is the variable the next test names
+    consistency = out["group"]["consistency"]  # type: ignore[index]
+    assert [d["what"] for d in consistency] == [f"env.{twonode.ENV_EXTRA[0]}"]
 
 
 def test_node1_killed_during_start_is_named(vllm_cpu: object, tmp_path: Path) -> None:
@@ -58,8 +88,8 @@ def test_node1_killed_during_start_is_named(vllm_cpu: object, tmp_path: Path) ->
     assert out["consequences"] and all(c["node"] == "node0" for c in out["consequences"])  # type: ignore[union-attr]
 
 
-def test_node1_with_another_vllm_variable_is_named(vllm_cpu: object, tmp_path: Path) -> None:
-    run = _run(vllm_cpu, tmp_path, "env")
+def test_node1_with_another_vllm_variable_is_named(env_run: twonode.GroupRun) -> None:
+    run = env_run
     g = group.analyze_group([str(run.node0), str(run.node1)])
     name = twonode.ENV_EXTRA[0]
     (diff,) = [d for d in g.consistency if d["what"] == f"env.{name}"]
