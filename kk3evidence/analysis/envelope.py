@@ -174,6 +174,12 @@ _CLOUD_LOGGING_RE = re.compile(
     r"(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z) "
     r"(?:\[resource\.labels\.[\w.]+: [^\]\n]*\] )?"
 )
+# A date and time followed by a colon before a vLLM process tag (a launcher that stamps each
+# line it relays: `2026-07-29 11:18:04: (EngineCore pid=7) ERROR …`; a paste may have lost the
+# year's first digit).
+_COLON_TS_RE = re.compile(
+    r"^(?P<ts>\d{2,4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:[.,]\d+)?): (?=\(" + _TAG_NAME + r"\s)"
+)
 _BRACKET_TS_RE = re.compile(
     r"^\[(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\]\s+"
 )
@@ -861,6 +867,26 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note="vLLM-Omni's stage tag (multi-stage pipelines)",
+    ),
+    EnvelopeFormat(
+        name="colon_ts",
+        layer="wrapper",
+        guard=Guard(first=frozenset("0123456789"), literal=": (", within=(12, 30)),
+        regex=_COLON_TS_RE,
+        apply=_y_bracket_ts,
+        yields=("timestamp",),
+        samples=(
+            Sample(
+                line=(
+                    "026-07-29 11:18:04: (StageEngineCoreProc_stage0_replica0 pid=707) ERROR "
+                    "07-29 11:18:04 [stage_engine_core_proc.py:185] TimeoutError"
+                ),
+                body="TimeoutError",
+                process="StageEngineCoreProc_stage0_replica0 pid=707",
+                level="ERROR",
+            ),
+        ),
+        note="a relayed line stamped with a date, a time and a colon, before a vLLM process tag",
     ),
     EnvelopeFormat(
         name="bracket_ts",
