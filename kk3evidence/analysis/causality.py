@@ -34,7 +34,7 @@ from typing import Any
 
 from kk3evidence.analysis.classify import Classified
 from kk3evidence.analysis.grammar import LogLine
-from kk3evidence.analysis.rules import DEVICE_CAUSE, UNREADY, StageHints
+from kk3evidence.analysis.rules import DEVICE_CAUSE, UNREADY, StageHints, raised_class
 from kk3evidence.model import STAGES, Finding, StageSpan, StageStatus
 
 __all__ = ["TIME_ORDER", "HintEvent", "Resolution", "StageEvidence", "resolve", "stage_in_progress"]
@@ -193,7 +193,7 @@ def _wrapper_over_remote(hits: Sequence[Classified], notes: list[str]) -> list[C
                 (j for j in range(i + 1, len(hits))
                  if hits[j].line.line_no - h.line.line_no <= _REMOTE_SPAN
                  and hits[j].line.tb_role == "exception"
-                 and _exception_class(hits[j].line.body) == m.group(1)
+                 and raised_class(hits[j].line.body) == m.group(1)
                  and _RAY_WRAPPER_RE.search(hits[j].line.body) is None),
                 None,
             )
@@ -206,14 +206,6 @@ def _wrapper_over_remote(hits: Sequence[Classified], notes: list[str]) -> list[C
         out.append(replace(h, rule=r.rule, captures=r.captures))
         taken.add(inner)
     return out
-
-
-def _exception_class(body: str) -> str | None:
-    """``KeyError`` of ``KeyError: 'x'`` or ``ray.exceptions.ActorDiedError: …``."""
-    head = body.lstrip().split(":", 1)[0]
-    if not head or " " in head:
-        return None
-    return head.rsplit(".", 1)[-1]
 
 
 def resolve(

@@ -51,6 +51,7 @@ __all__ = [
     "load_rule_files",
     "load_rules",
     "load_stage_hints",
+    "raised_class",
     "render_rules_doc",
 ]
 
@@ -511,7 +512,7 @@ _EXC_NAME_RE = re.compile(r"[A-Z][A-Za-z0-9_]*(?:Error|Exception)")
 _RAISED_RE = re.compile(
     r"(?<![\w])(?:[A-Za-z_][\w]*\.)*([A-Z][A-Za-z0-9_]*(?:Error|Exception))(?=:|\(|\s*$)"
 )
-_WRAPPED_RE = re.compile(r"\((\w+)\)")
+_WRAPPED_RE = re.compile(r"RayTaskError\((\w+)\)")
 _CAT_HINT_KEYS = frozenset({"category", "frame", "line", "self", "words", "exception"})
 _HINTS_TOP = frozenset(
     {
@@ -527,14 +528,20 @@ _HINTS_TOP = frozenset(
 )
 
 
+def raised_class(body: str) -> str | None:
+    """The first exception class ``body`` names as raised (:data:`_RAISED_RE`), without its
+    module path: ``KeyError`` of ``KeyError: 'x'`` or ``ray.exceptions.ActorDiedError: …``."""
+    m = _RAISED_RE.search(body)
+    return m.group(1) if m else None
+
+
 def _raised_lookup(pairs: tuple[tuple[str, str], ...], body: str) -> str | None:
     """The value paired with the exception class ``body`` raises (:data:`_RAISED_RE`)."""
-    m = _RAISED_RE.search(body) if pairs else None
-    if m is None:
+    name = raised_class(body) if pairs else None
+    if name is None:
         return None
-    name = m.group(1)
     if name == "RayTaskError":  # Ray's wrapper names the remote class: RayTaskError(KeyError)
-        inner = _WRAPPED_RE.match(body, m.end(1))
+        inner = _WRAPPED_RE.search(body)
         name = inner.group(1) if inner else name
     return next((value for n, value in pairs if n == name), None)
 

@@ -9,17 +9,13 @@ and Dynamo's lost response streams are failures of their own.
 
 from __future__ import annotations
 
-from kk3evidence.analysis.engine import analyze
-from kk3evidence.model import Finding
+from first_failure import first_failure as _first
 
 _C_MISSING = (
     "WARNING 10-21 18:27:11 _custom_ops.py:18] Failed to import from vllm._C with "
     "ModuleNotFoundError(\"No module named 'vllm._C'\")\n"
 )
 
-
-def _first(log: str, *, stopped: bool = False) -> Finding | None:
-    return analyze(log.encode(), stopped=stopped).first_failure
 
 
 def test_vllm_c_missing_on_a_cuda_less_windows_install_is_a_broken_install() -> None:

@@ -8,10 +8,11 @@ executor's cleanup error after a failed start-up, progress lines that say reques
 
 from __future__ import annotations
 
+from first_failure import first_failure as _first
+
 from kk3evidence.analysis.engine import analyze
 from kk3evidence.analysis.envelope import decode_line
 from kk3evidence.analysis.grammar import parse_line
-from kk3evidence.model import Finding
 
 # b19-file-vllmbenchtest-kunlun-p800-minimax-m25-bench-serve-clean (a healthy benchmark)
 _KUNLUN = (
@@ -25,9 +26,6 @@ _KUNLUN = (
     "directory\n"
 )
 
-
-def _first(log: str | bytes) -> Finding | None:
-    return analyze(log.encode() if isinstance(log, str) else log).first_failure
 
 
 def test_a_cuda_library_missing_after_a_platform_plugin_took_over_is_no_failure() -> None:

@@ -6,13 +6,9 @@ whole analyzer.
 
 from __future__ import annotations
 
-from kk3evidence.analysis.engine import analyze
+from first_failure import first_failure as _first
+
 from kk3evidence.analysis.grammar import parse_line
-from kk3evidence.model import Finding
-
-
-def _first(log: str) -> Finding | None:
-    return analyze(log.encode()).first_failure
 
 
 def test_a_ray_serve_replica_tag_and_an_inline_code_backtick_are_envelope() -> None:

@@ -3,13 +3,9 @@ from the corpus cases named."""
 
 from __future__ import annotations
 
-from kk3evidence.analysis.engine import analyze
+from first_failure import first_failure as _first
+
 from kk3evidence.analysis.grammar import parse_line
-from kk3evidence.model import Finding
-
-
-def _first(log: str) -> Finding | None:
-    return analyze(log.encode()).first_failure
 
 
 def test_a_date_colon_stamp_before_a_process_tag_is_envelope() -> None:

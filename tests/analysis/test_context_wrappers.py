@@ -9,8 +9,7 @@ An RL trainer's loop (`fit`, `generate_sequences`) is serving: the rollout engin
 
 from __future__ import annotations
 
-from kk3evidence.analysis.engine import analyze
-from kk3evidence.model import Finding
+from first_failure import first_failure as _first
 
 # b20-file-searchr1-bm25-gigpo-lora-checkpoint-save-iostream-error (paths shortened)
 _RAY = (
@@ -32,9 +31,6 @@ _NO_CUDA = (
     "No CUDA runtime is found, using CUDA_HOME='/usr/local/cuda'\n"
 )
 
-
-def _first(log: str) -> Finding | None:
-    return analyze(log.encode()).first_failure
 
 
 def test_the_ray_wrapper_line_is_first_and_the_remote_exception_classifies_it() -> None:
