@@ -45,6 +45,9 @@ from kk3evidence.analysis.grammar import (
 )
 from kk3evidence.analysis.hang import HangScan, HeldHangScan, StallInputs, apply_hang
 from kk3evidence.analysis.lastresort import (
+    RULE_ID as LAST_RESORT_RULE_ID,
+)
+from kk3evidence.analysis.lastresort import (
     ErrorLineCollector,
     continued_record,
     cut_traceback,
@@ -57,7 +60,14 @@ from kk3evidence.analysis.serving_stall import STATS_ANCHOR, ZERO_MARK, ServingS
 from kk3evidence.analysis.stall_inputs import bundle_stall_inputs
 from kk3evidence.bundle.archive import BUNDLE_SUFFIXES, open_bundle
 from kk3evidence.errors import InputError
-from kk3evidence.model import Analysis, AnalysisExtra, ContextLine, FailureContext, RuleInfo
+from kk3evidence.model import (
+    Analysis,
+    AnalysisExtra,
+    ContextLine,
+    FailureContext,
+    Finding,
+    RuleInfo,
+)
 
 __all__ = ["AnalysisEngine", "analyze"]
 
@@ -427,8 +437,9 @@ class AnalysisEngine:
             self._block(tail, 0, len(tail), final=True)
         self._hits = [h for h in self._hits if self._counts(h)]
         res = self._resolve()
-        if res.first_failure is None:
-            hit = self._last_resort()
+        ff = res.first_failure
+        if ff is None or self._orphan_consequence(ff):
+            hit = self._last_resort() if ff is None else self._message_above(ff)
             if hit is not None and self._counts(hit) and len(self._hits) < MAX_HITS:
                 self._hits.append(hit)
                 self._hits.sort(key=lambda h: h.line.line_no)
@@ -463,6 +474,25 @@ class AnalysisEngine:
             engine_config=self._engine_config.result(),
         )
 
+    def _orphan_consequence(self, ff: Finding) -> bool:
+        """The first failure is a consequence line whose cause no rule stated."""
+        rule = self._c.ruleset.get(ff.rule)
+        return rule is not None and rule.kind == "consequence"
+
+    def _message_above(self, ff: Finding) -> Classified | None:
+        """An error-level message no rule knew, on the line right above an orphan consequence
+        that is a bare continuation (no envelope of its own): the first line of the same
+        multi-line report (``CUDA error: invalid argument`` logged at ERROR by an embedder,
+        then PyTorch's ``CUDA kernel errors might be asynchronously reported …``)."""
+        line = self._parse(ff.line_no, ff.text.encode())
+        if line.level is not None or line.process is not None or line.body != line.text:
+            return None
+        above = [(no, raw) for no, raw in self._error_lines.lines if no == ff.line_no - 1]
+        hit = last_resort(
+            above, self._c.classifier, shutdown_line=self._shutdown_line, parse=self._parse
+        )
+        return hit if hit is not None and hit.rule.id == LAST_RESORT_RULE_ID else None
+
     def _counts(self, h: Classified) -> bool:
         """Whether a finding's condition (its rule's ``when``) holds in the whole log: a retry
         that may still succeed (``unready``) did not once the server became ready; a CUDA
@@ -481,7 +511,11 @@ class AnalysisEngine:
         no rule knew and a traceback the log ends in before its exception line."""
         down = self._shutdown_line
         error_line = last_resort(
-            self._error_lines.lines, self._c.classifier, shutdown_line=down, parse=self._parse
+            self._error_lines.lines,
+            self._c.classifier,
+            shutdown_line=down,
+            parse=self._parse,
+            above=self._error_lines.above,
         )
         cut = cut_traceback(
             self._tracker.cut_tracebacks(self._said), self._c.classifier, shutdown_line=down

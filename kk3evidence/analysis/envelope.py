@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -263,6 +264,36 @@ _XLA_LOG_RE = re.compile(
     r"(?P<src>[A-Za-z0-9_.\-/]+:\d+)\]\s?"
 )
 _XLA_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+# glog's own format without PyTorch's brackets (Triton, TensorFlow/XLA since 2.16, gRPC, abseil):
+# "E1115 02:58:51.162611 1 backend_model.cc:634] msg"; abseil before its clock is set writes
+# "E0000 00:00:1736201234.123456  12345 cuda_dnn.cc:8310] msg".
+_GLOG_RE = re.compile(
+    r"^(?P<level>[IWEF])(?P<date>\d{4}) (?P<time>\d{2}:\d{2}:\d{2}(?:\.\d+)?|00:00:\d+\.\d+)\s+"
+    r"(?P<tid>\d+) (?P<src>[A-Za-z0-9_.\-/]+:\d+)\]\s?"
+)
+# Ray's C++ components (raylet, GCS, core worker):
+# "[2021-02-15 19:27:20,308 I 41335 11188325] gcs_placement_group_scheduler.cc:150: msg".
+_RAY_CORE_RE = re.compile(
+    r"^\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3}) (?P<level>[DIWEFC]) (?P<pid>\d+) "
+    r"\d+\] (?P<src>[A-Za-z0-9_.\-/]+:\d+):\s?"
+)
+# A bare level word after a timestamp the wrapper layer peeled (Python logging's "%(asctime)s
+# %(levelname)s %(message)s"; Ray's "%(asctime)s\t%(levelname)s %(filename)s:%(lineno)s --
+# %(message)s"; "asctime - LEVEL - msg"; Xinference's "asctime dotted.logger pid LEVEL msg"):
+# the level, then an optional source location.
+_TS_LEVEL_RE = re.compile(
+    r"^\s*(?:-\s+|[A-Za-z_]\w*(?:\.\w+)+\s+(?:\d+\s+)?)?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?:\s+-\s|\s+)(?!\d)"
+    r"(?:(?P<src>[A-Za-z0-9_.\-/]+\.py:\d+) -- |\[(?P<src2>[A-Za-z0-9_.\-/]+:\d+)\]\s"
+    r"|\[address=[^\]\s]{1,80}, pid=(?P<pid>\d+)\]\s)?"
+)
+_GLOG_LEVELS = {
+    "I": "INFO",
+    "W": "WARNING",
+    "E": "ERROR",
+    "F": "CRITICAL",
+    "D": "DEBUG",
+    "C": "CRITICAL",
+}
 _UVICORN_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _PYLOG_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<name>[\w.]+):")
 # Python logging's "%(asctime)s - %(name)s - %(levelname)s - %(message)s" (vllm-ascend and
@@ -553,6 +584,29 @@ def _y_xla(m: re.Match[str], acc: _Acc) -> None:
     acc.level = _XLA_LEVELS[m.group("level")]
     acc.timestamp = m.group("ts")
     acc.source = m.group("src")
+
+
+def _y_glog(m: re.Match[str], acc: _Acc) -> None:
+    acc.level = _GLOG_LEVELS[m.group("level")]
+    if m.group("date") != "0000":
+        acc.timestamp = f"{m.group('date')} {m.group('time')}"
+    acc.source = m.group("src")
+
+
+def _y_ray_core(m: re.Match[str], acc: _Acc) -> None:
+    acc.level = _GLOG_LEVELS[m.group("level")]
+    acc.timestamp = m.group("ts")
+    acc.source = m.group("src")
+    acc.pid = int(m.group("pid"))
+
+
+def _y_ts_level(m: re.Match[str], acc: _Acc) -> None:
+    acc.level = normalize_level(m.group("level"))
+    src = m.group("src") or m.group("src2")
+    if src:
+        acc.source = src
+    if m.group("pid"):  # Xinference's actor pool (xoscar): "[address=0.0.0.0:43266, pid=897]"
+        acc.pid = int(m.group("pid"))
 
 
 def _y_cann(m: re.Match[str], acc: _Acc) -> None:
@@ -1308,6 +1362,64 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
         note="TensorFlow/XLA C++ logging (TPU and JAX stacks)",
     ),
     EnvelopeFormat(
+        name="glog",
+        layer="level",
+        guard=Guard(first=frozenset("IWEF"), second=str.isdigit),
+        regex=_GLOG_RE,
+        apply=_y_glog,
+        yields=("level", "timestamp", "source_file"),
+        samples=(
+            Sample(
+                line=(
+                    "E1115 02:58:51.162611 1 backend_model.cc:634] ERROR: Failed to create "
+                    "instance: TypeError: 'NoneType' object is not subscriptable"
+                ),
+                body=(
+                    "ERROR: Failed to create instance: TypeError: 'NoneType' object is not "
+                    "subscriptable"
+                ),
+                level="ERROR",
+            ),
+            Sample(
+                line=(
+                    "W0816 16:43:33.649654 127 pinned_memory_manager.cc:236] Unable to allocate "
+                    "pinned system memory, pinned memory pool will not be available: CUDA driver "
+                    "version is insufficient for CUDA runtime version"
+                ),
+                body=(
+                    "Unable to allocate pinned system memory, pinned memory pool will not be "
+                    "available: CUDA driver version is insufficient for CUDA runtime version"
+                ),
+                level="WARNING",
+            ),
+        ),
+        note="glog without brackets (Triton, TensorFlow/XLA, gRPC, abseil): LMMDD time tid src]",
+    ),
+    EnvelopeFormat(
+        name="ray_core",
+        layer="level",
+        guard=Guard(first=frozenset("["), second=str.isdigit),
+        regex=_RAY_CORE_RE,
+        apply=_y_ray_core,
+        yields=("level", "timestamp", "pid", "source_file"),
+        samples=(
+            Sample(
+                line=(
+                    "[2021-02-15 19:27:20,308 I 41335 11188325] "
+                    "gcs_placement_group_scheduler.cc:150: Failed to schedule placement group "
+                    "_tune__a2e7e1c2, id: c95dc4e5a4a62c4bee274eab28250a3f, because no nodes are "
+                    "available."
+                ),
+                body=(
+                    "Failed to schedule placement group _tune__a2e7e1c2, id: "
+                    "c95dc4e5a4a62c4bee274eab28250a3f, because no nodes are available."
+                ),
+                level="INFO",
+            ),
+        ),
+        note="Ray's C++ components (raylet, GCS, core worker): [date time,ms L pid tid] file:line:",
+    ),
+    EnvelopeFormat(
         name="pylog",
         layer="level",
         guard=Guard(first=_LEVEL_INITIALS),
@@ -1344,6 +1456,53 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note="Python logging's 'asctime - name - LEVEL - msg' (after the timestamp wrapper)",
+    ),
+    EnvelopeFormat(
+        name="ts_level",
+        layer="level",
+        guard=Guard(first=frozenset(string.ascii_letters + "_- \t")),
+        regex=_TS_LEVEL_RE,
+        apply=_y_ts_level,
+        yields=("level", "source_file", "pid"),
+        samples=(
+            Sample(
+                # real lines start with "2024-03-29 18:28:51,875 " (peeled by k8s_iso)
+                line="INFO worker.py:1786 -- Started a local Ray instance.",
+                body="Started a local Ray instance.",
+                level="INFO",
+            ),
+            Sample(
+                # "2026-03-18T06:21:30.893722Z  WARN …": Rust tracing (dynamo), ISO stamp peeled
+                line=(
+                    "WARN handle_payload: dynamo_runtime::pipeline::network::ingress::"
+                    "push_handler: Failed to publish response for stream"
+                ),
+                body=(
+                    "handle_payload: dynamo_runtime::pipeline::network::ingress::push_handler: "
+                    "Failed to publish response for stream"
+                ),
+                level="WARNING",
+            ),
+            Sample(
+                # "2024-03-29 18:28:51,875 " peeled by k8s_iso
+                line=(
+                    "xinference.api.restful_api 8 ERROR    [address=0.0.0.0:43266, pid=897] CUDA "
+                    "error: invalid argument"
+                ),
+                body="CUDA error: invalid argument",
+                level="ERROR",
+            ),
+            Sample(
+                line="- ERROR - Failed to load model",
+                body="Failed to load model",
+                level="ERROR",
+            ),
+        ),
+        note=(
+            "a bare level word (after a timestamp the wrapper layer peeled: Python logging's "
+            "'asctime LEVEL msg', Ray's 'LEVEL file.py:N -- msg', Rust tracing), an optional "
+            "source location"
+        ),
     ),
 )
 

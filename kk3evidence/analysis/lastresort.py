@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 
 from kk3evidence._literals import LiteralScanner
 from kk3evidence.analysis.classify import Classified, Classifier
-from kk3evidence.analysis.grammar import LogLine, parse_line
+from kk3evidence.analysis.grammar import LogLine, is_filler, parse_line
 
 __all__ = [
     "CUT_RULE_ID",
@@ -102,6 +102,7 @@ _LEVEL_TEXT = re.compile(
     )""",
     re.X,
 )
+_EMPTY_RECORD_END = (b"ERROR", b"CRITICAL", b"FATAL", b"[ERROR]")
 _GLOG_FIRST = re.compile(rb"[EF]\d{3,8}\s")  # a glog error as the log's first line (no "\n")
 _ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
 # Bodies that belong to a traceback (its header, frames, echoed source, carets, chain notes).
@@ -143,6 +144,10 @@ class ErrorLineCollector:
 
     def __init__(self) -> None:
         self.lines: list[tuple[int, bytes]] = []
+        #: the line above a candidate whose record looks empty (``… - ERROR - ``), by the
+        #: candidate's number: a program that printed its message raw, then logged an empty
+        #: error record (:func:`last_resort` answers with the message)
+        self.above: dict[int, bytes] = {}
         self._scan: LiteralScanner | None = None
 
     @property
@@ -177,7 +182,11 @@ class ErrorLineCollector:
                 e = n if e < 0 else e
                 line_no += block.count(b"\n", counted, s)
                 counted = s
-                self.lines.append((line_no + 1, bytes(block[s : min(e, s + _MAX_KEPT)])))
+                raw = bytes(block[s : min(e, s + _MAX_KEPT)])
+                self.lines.append((line_no + 1, raw))
+                if s > lo and raw.rstrip(b" \t\r-:|").endswith(_EMPTY_RECORD_END):
+                    p = max(lo, block.rfind(b"\n", lo, s - 1) + 1)
+                    self.above[line_no + 1] = bytes(block[p : min(s - 1, p + _MAX_KEPT)])
                 taken = e
                 if len(self.lines) >= MAX_LINES:
                     return
@@ -190,13 +199,20 @@ def last_resort(
     *,
     shutdown_line: int | None,
     parse: Callable[[int, bytes], LogLine] = parse_line,
+    above: dict[int, bytes] | None = None,
 ) -> Classified | None:
-    """The first candidate that states a failure on its own level (see the module doc)."""
+    """The first candidate that states a failure on its own level (see the module doc); an
+    error record with an empty message answers with the plain line above it (``above``, from
+    :attr:`ErrorLineCollector.above`) when that line is a message of its own."""
     rule = classifier.ruleset.get(RULE_ID)
     if rule is None:  # a rule set without the last resort (a user's own rules)
         return None
     for line in _before_stop(lines, shutdown_line, parse):
         body = line.body
+        if not body.strip() and above and line.line_no in above and is_error_level(line):
+            message = _message_above(parse(line.line_no - 1, above[line.line_no]))
+            if message is not None:
+                return Classified(rule=rule, line=message)
         if not body.strip() or body.startswith(_TRACEBACK_BODY) or _continuation(body):
             continue
         if not is_error_level(line):
@@ -208,6 +224,14 @@ def last_resort(
             continue  # noise, a milestone or a consequence: the rules know it is not a cause
         return Classified(rule=rule, line=line)
     return None
+
+
+def _message_above(line: LogLine) -> LogLine | None:
+    """``line`` when it is a plain message: no envelope level, words, not a traceback's."""
+    body = line.body
+    if line.level is not None or not body.strip() or body.startswith(_TRACEBACK_BODY):
+        return None
+    return None if _continuation(body) or is_filler(body) else line
 
 
 def continued_record(

@@ -1,0 +1,79 @@
+"""Generic changes made while blind set 23 was being collected (no line of set 23 was seen):
+more envelope formats, an empty error record's message above it, the message a bare
+consequence continues, more family words. Real lines from the corpus cases named."""
+
+from __future__ import annotations
+
+from first_failure import first_failure as _first
+
+from kk3evidence.analysis.grammar import parse_line
+
+
+def test_xinference_logger_line_gives_level_and_pid_and_its_message_is_the_failure() -> None:
+    # b22-xinference1220: Xinference logs the error, PyTorch's continuation lines follow
+    log = (
+        "2024-03-29 18:28:51,875 xinference.api.restful_api 8 ERROR    [address=0.0.0.0:43266, "
+        "pid=897] CUDA error: invalid argument\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+        "stacktrace below might be incorrect.\n"
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1.\n"
+    )
+    line = parse_line(1, log.splitlines()[0])
+    assert (line.level, line.pid, line.body) == ("ERROR", 897, "CUDA error: invalid argument")
+    ff = _first(log)
+    assert ff is not None and ff.line_no == 1 and ff.basis == "fallback"
+
+
+def test_a_consequence_with_an_envelope_of_its_own_keeps_its_place() -> None:
+    # b5-20440 (shape): vLLM's dump_input record above "EngineCore encountered a fatal error."
+    ff = _first(
+        "ERROR 07-03 20:47:11 [dump_input.py:82] SchedulerStats(num_running_reqs=0, "
+        "num_waiting_reqs=1, gpu_cache_usage=0.005255023183925789)\n"
+        "ERROR 07-03 20:47:11 [core.py:517] EngineCore encountered a fatal error.\n"
+    )
+    assert ff is not None and ff.line_no == 2
+
+
+def test_an_empty_error_record_answers_with_the_message_printed_above_it() -> None:
+    # b11-ipexllm13003: ipex-llm prints a banner and the message, then logs an empty ERROR
+    ff = _first(
+        "****************************Usage Error************************\n"
+        "Currently, ipex-vllm does not support linear layers with skip_bias_add argument\n"
+        "2025-03-24 21:45:11,347 - ERROR - \n"
+    )
+    assert ff is not None and ff.line_no == 2 and ff.basis == "fallback"
+
+
+def test_glog_and_ray_core_lines_give_their_level() -> None:
+    line = parse_line(
+        1,
+        "E1115 02:58:51.162611 1 backend_model.cc:634] ERROR: Failed to create instance: "
+        "TypeError: 'NoneType' object is not subscriptable",
+    )
+    assert (line.level, line.source_file) == ("ERROR", "backend_model.cc:634")
+    line = parse_line(
+        1,
+        "[2021-02-15 19:27:20,308 I 41335 11188325] gcs_placement_group_scheduler.cc:150: "
+        "Failed to schedule placement group _tune__a2e7e1c2",
+    )
+    assert (line.level, line.pid) == ("INFO", 41335)
+    # Ray's Python logging after its timestamp; a vLLM line is still vLLM's
+    line = parse_line(1, "2024-03-29 18:28:51,875\tERROR worker.py:409 -- Unhandled error")
+    assert (line.level, line.body) == ("ERROR", "Unhandled error")
+    line = parse_line(1, "INFO 05-10 12:00:00 llm_engine.py:176] Initializing an LLM engine")
+    assert (line.level, line.source_file) == ("INFO", "llm_engine.py:176")
+
+
+def test_family_words_name_the_category_of_an_unknown_failure_line() -> None:
+    # wordings no rule has: an out-of-memory statement, a checkpoint tensor name, a LoRA load
+    cases = {
+        "RuntimeError: Worker ran out of memory while loading the draft model": "oom",
+        "KeyError: 'layers.0.mlp.experts.w2_weight'": "weights",
+        "RuntimeError: Loading lora /data/lora/ckpt-57 failed": "weights",
+        "RuntimeError: the provided PTX was compiled with an unsupported toolchain.": (
+            "driver_mismatch"
+        ),
+    }
+    for line, category in cases.items():
+        ff = _first(line + "\n")
+        assert ff is not None and ff.category == category, (line, ff)
