@@ -52,6 +52,7 @@ from kk3evidence.analysis.lastresort import (
     continued_record,
     cut_traceback,
     interleaved_dump,
+    is_message,
     last_resort,
 )
 from kk3evidence.analysis.prefilter import Prefilter
@@ -76,6 +77,7 @@ MAX_LINE = 1024 * 1024  # longer lines are cut (the head is analysed, the rest s
 MAX_HITS = 5000  # classified failure/consequence lines kept (memory stays flat)
 MAX_HINTS = 20000  # stage-hint lines kept (rules/stage-hints.toml)
 MAX_CONTEXTS = 200  # failure lines whose surrounding lines are kept for the report
+_MAX_ABOVE = 8192  # bytes kept of the line above a message tail
 MAX_KEPT_TEXT = 8192  # characters of a finding's line kept (longer lines are data dumps)
 
 # Not rule anchors: they start traceback tracking (Python's header, rich's boxed one, IPython's).
@@ -327,6 +329,7 @@ class AnalysisEngine:
         self.context = max(0, min(context, 200))
         self._context: dict[int, dict[str, list[list[Any]]]] = {}
         self._tail: list[list[Any]] = []  # last `context` lines of the previous blocks
+        self._above_tail: dict[int, bytes] = {}  # line above each message tail, by its number
         self._pending_after: list[tuple[int, list[list[Any]]]] = []  # (hit line, after list)
         self._c = _compiled(ruleset if ruleset is not None else load_rules(), engine)
         self._tracker = TracebackTracker()
@@ -480,18 +483,23 @@ class AnalysisEngine:
         return rule is not None and rule.kind == "consequence"
 
     def _message_above(self, ff: Finding) -> Classified | None:
-        """An error-level message no rule knew, on the line right above an orphan consequence
-        that is a bare continuation (no envelope of its own): the first line of the same
-        multi-line report (``CUDA error: invalid argument`` logged at ERROR by an embedder,
-        then PyTorch's ``CUDA kernel errors might be asynchronously reported …``)."""
-        line = self._parse(ff.line_no, ff.text.encode())
-        if line.level is not None or line.process is not None or line.body != line.text:
+        """The first line of the message an orphan message tail ends (``marks =
+        "message_tail"``: PyTorch's ``CUDA kernel errors might be asynchronously reported …``
+        under ``CUDA error: invalid argument``), reported through the last resort's rule: the
+        line right above it, when the tail has no envelope of its own or shares the line's
+        process, and that line is a message (words, no traceback text, not a known line)."""
+        raw = self._above_tail.get(ff.line_no)
+        rule = self._c.ruleset.get(LAST_RESORT_RULE_ID)
+        down = self._shutdown_line
+        if raw is None or rule is None or (down is not None and ff.line_no > down):
             return None
-        above = [(no, raw) for no, raw in self._error_lines.lines if no == ff.line_no - 1]
-        hit = last_resort(
-            above, self._c.classifier, shutdown_line=self._shutdown_line, parse=self._parse
-        )
-        return hit if hit is not None and hit.rule.id == LAST_RESORT_RULE_ID else None
+        tail = self._parse(ff.line_no, ff.text.encode())
+        line = self._parse(ff.line_no - 1, raw)
+        if tail.body != tail.text and (tail.process, tail.pid) != (line.process, line.pid):
+            return None
+        if not is_message(line) or self._c.classifier.classify(line) is not None:
+            return None
+        return Classified(rule=rule, line=line)
 
     def _counts(self, h: Classified) -> bool:
         """Whether a finding's condition (its rule's ``when``) holds in the whole log: a retry
@@ -857,6 +865,8 @@ class AnalysisEngine:
             )
             hit = replace(hit, line=short)
         self._hits.append(hit)
+        if rule.marks == "message_tail" and len(self._above_tail) < MAX_CONTEXTS:
+            self._remember_above(block, s, line_no)
         if self.context and rule.kind == "failure" and len(self._context) < MAX_CONTEXTS:
             ctx = _context_around(
                 block, s, e, line_no=line_no, n=self.context, lo=self._lo, hi=self._hi
@@ -868,6 +878,19 @@ class AnalysisEngine:
             if len(ctx["after"]) < self.context:
                 self._pending_after.append((line_no, ctx["after"]))
             self._context[line_no] = ctx
+
+    def _remember_above(self, block: bytes, s: int, line_no: int) -> None:
+        """Keep the raw line above a message tail (``marks = "message_tail"``): the first line
+        of its message, the answer when no rule states a cause (:meth:`_message_above`)."""
+        if s > self._lo:
+            b = max(self._lo, block.rfind(b"\n", self._lo, s - 1) + 1)
+            self._above_tail[line_no] = bytes(block[b : min(s - 1, b + _MAX_ABOVE)])
+            return
+        for no, raw in reversed(self._tail):  # the block starts with the tail: the last block's
+            if no == line_no - 1:
+                self._above_tail[line_no] = bytes(raw[:_MAX_ABOVE])
+            if no < line_no:
+                return
 
     def _note_interleaved(self, line: LogLine) -> None:
         """Keep the first line that mixes several stack dumps' frame text (EXC012), unless

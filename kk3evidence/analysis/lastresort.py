@@ -37,6 +37,7 @@ __all__ = [
     "cut_traceback",
     "interleaved_dump",
     "is_error_level",
+    "is_message",
     "last_resort",
 ]
 
@@ -228,10 +229,16 @@ def last_resort(
 
 def _message_above(line: LogLine) -> LogLine | None:
     """``line`` when it is a plain message: no envelope level, words, not a traceback's."""
+    return line if line.level is None and is_message(line) else None
+
+
+def is_message(line: LogLine) -> bool:
+    """The line's body says something of its own: words, not a traceback's header, frame,
+    source or caret line, not the indented or data-only continuation of a record."""
     body = line.body
-    if line.level is not None or not body.strip() or body.startswith(_TRACEBACK_BODY):
-        return None
-    return None if _continuation(body) or is_filler(body) else line
+    if not body.strip() or body.startswith(_TRACEBACK_BODY) or line.tb_role == "frame":
+        return False
+    return not (_continuation(body) or is_filler(body))
 
 
 def continued_record(

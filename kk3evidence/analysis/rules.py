@@ -352,7 +352,10 @@ def iter_rule_problems(
             "consequence",
         ):
             yield f"{where}: when = {r.get('when')!r} is only for kind = 'failure' or 'consequence'"
-        if r.get("marks") and kind != "milestone":
+        if r.get("marks") == "message_tail":
+            if kind != "consequence":
+                yield f"{where}: marks = 'message_tail' is only for kind = 'consequence'"
+        elif r.get("marks") and kind != "milestone":
             yield f"{where}: marks is only for kind = 'milestone'"
         if not _as_list(r.get("match")):
             yield f"{where}: give at least one match example"

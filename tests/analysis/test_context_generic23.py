@@ -77,3 +77,27 @@ def test_family_words_name_the_category_of_an_unknown_failure_line() -> None:
     for line, category in cases.items():
         ff = _first(line + "\n")
         assert ff is not None and ff.category == category, (line, ff)
+
+
+def test_a_message_tail_yields_to_the_first_line_of_its_message() -> None:
+    # b11-rocm5264 (shape): ROCm's HIP error, then PyTorch's tail; and vLLM's own envelope on
+    # both lines (b19-16307 shape), and a tail whose process differs keeps its place
+    hip = _first(
+        "HIP error: invalid device function\n"
+        "HIP kernel errors might be asynchronously reported at some other API call, so the "
+        "stacktrace below might be incorrect.\n"
+    )
+    assert hip is not None and (hip.line_no, hip.category) == (1, "cuda_init")
+    p = "(EngineCore_DP0 pid=7) ERROR 04-08 19:59:10 [core.py:400] "
+    same = _first(
+        p + "CUDA error: the launch timed out and was terminated\n"
+        + p + "CUDA kernel errors might be asynchronously reported at some other API call, so "
+        "the stacktrace below might be incorrect.\n"
+    )
+    assert same is not None and same.line_no == 1
+    other = _first(
+        "(APIServer pid=1) INFO 04-08 19:59:10 [api_server.py:1] Serving a request\n"
+        + p + "CUDA kernel errors might be asynchronously reported at some other API call, so "
+        "the stacktrace below might be incorrect.\n"
+    )
+    assert other is not None and other.line_no == 2
