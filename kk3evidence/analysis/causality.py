@@ -455,6 +455,9 @@ def _first_failure(links: _Links, live: list[Classified], notes: list[str]) -> C
     serious_roots = [h for h in roots if h.rule.severity in _SERIOUS]
     has_consequence = any(links.kind_of[h.line.line_no] == "consequence" for h in live)
     if serious_roots:
+        survived = _survived_fallback(serious_roots, live)
+        if survived is not None:
+            return survived
         return _best_root(serious_roots)
     if roots and has_consequence:
         return roots[0]
@@ -653,6 +656,39 @@ def _outranks(h: Classified, roots: list[Classified]) -> bool:
     return all(r.rule.fallback for r in roots) and h.rule.evidence < min(
         r.rule.evidence for r in roots
     )
+
+
+#: identical copies of an unknown error line, from its process, that mark it as survived
+_SURVIVED_REPEATS = 5
+
+
+def _survived_fallback(roots: list[Classified], live: list[Classified]) -> Classified | None:
+    """A later fatal failure a rule states, when the first root is an error no rule knew that
+    its process kept logging, word for word, again and again (a client's retried
+    `[Errno 111] Connection refused` while a training job runs on): the process lived through
+    it, and the fatal failure in another process is what ended the run. ``None`` otherwise."""
+    first = roots[0]
+    if not first.rule.fallback:
+        return None
+    later = next(
+        (
+            h
+            for h in roots[1:]
+            if not h.rule.fallback
+            and h.rule.severity == "fatal"
+            and h.line.process != first.line.process
+        ),
+        None,
+    )
+    if later is None:
+        return None
+    body, process, until = first.line.body, first.line.process, later.line.line_no
+    repeats = sum(
+        1
+        for h in live
+        if h.line.line_no < until and h.line.body == body and h.line.process == process
+    )
+    return later if repeats > _SURVIVED_REPEATS else None
 
 
 def _best_root(roots: list[Classified]) -> Classified:

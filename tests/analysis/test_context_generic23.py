@@ -101,3 +101,22 @@ def test_a_message_tail_yields_to_the_first_line_of_its_message() -> None:
         "the stacktrace below might be incorrect.\n"
     )
     assert other is not None and other.line_no == 2
+
+
+def test_an_unknown_error_its_process_keeps_repeating_yields_to_a_later_fatal_one() -> None:
+    # b21-file-lilacrllm-v0110: a reward client's refused connection, logged again and again
+    # while the job runs on; then a rollout server's watchdog dies on a CUDA error
+    client = (
+        "(TaskRunner pid=673617) [HybridClient] calculate_reward_like_kernel error_message: "
+        "[Errno 111] Connection refused\n"
+    )
+    fatal = (
+        "(vLLMHttpServer pid=678390) [rank0]:[E425 02:18:32.941475337 ProcessGroupNCCL.cpp:2068] "
+        "[PG ID 2 PG GUID 3 Rank 0] Process group watchdog thread terminated with exception: CUDA "
+        "error: Invalid access of peer GPU memory over nvlink or a hardware error\n"
+    )
+    ff = _first(client * 8 + fatal)
+    assert ff is not None and (ff.line_no, ff.category) == (9, "illegal_memory")
+    # said only a few times, the unknown error stays first (the earliest root)
+    ff = _first(client * 2 + fatal)
+    assert ff is not None and ff.line_no == 1
