@@ -120,3 +120,14 @@ def test_an_unknown_error_its_process_keeps_repeating_yields_to_a_later_fatal_on
     # said only a few times, the unknown error stays first (the earliest root)
     ff = _first(client * 2 + fatal)
     assert ff is not None and ff.line_no == 1
+
+
+def test_an_embedded_exception_after_failed_to_is_the_failure_at_any_level() -> None:
+    # b22-triton6578: Triton's Python stub reports the exception at INFO, then as errors
+    ff = _first(
+        "I1115 02:58:49.477216 1 pb_stub.cc:325] Failed to initialize Python stub: TypeError: "
+        "'NoneType' object is not subscriptable\n"
+        "E1115 02:58:51.162611 1 backend_model.cc:634] ERROR: Failed to create instance: "
+        "TypeError: 'NoneType' object is not subscriptable\n"
+    )
+    assert ff is not None and (ff.line_no, ff.rule) == (1, "EXC016")
