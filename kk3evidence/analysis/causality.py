@@ -131,11 +131,23 @@ def stage_in_progress(
 
 
 def _exc_text(body: str) -> str:
-    """``"pkg.mod.ValueError: msg"`` -> ``"msg"`` (for echo detection across re-prints)."""
-    head, sep, tail = body.strip().partition(": ")
+    """``"pkg.mod.ValueError: msg"`` -> ``"msg"`` (for echo detection across re-prints); the
+    exception's repr as a logger prints it, ``"RuntimeError('msg')"``, is the same ``"msg"``
+    (V0's MQ client logs ``repr(e)`` and then the traceback ending in ``RuntimeError: msg``)."""
+    stripped = body.strip()
+    m = _EXC_REPR_RE.match(stripped)
+    if m is not None:
+        return m.group(2).strip()
+    head, sep, tail = stripped.partition(": ")
     if sep and " " not in head:
         return tail.strip()
-    return body.strip()
+    return stripped
+
+
+# `RuntimeError('Engine loop has died')`, `ValueError("x")`: the repr of an exception
+_EXC_REPR_RE = re.compile(
+    r"""^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)\((['"])(.*)\1\)$"""
+)
 
 
 #: lines between an exception line and its detail line for the detail to count as its reason
@@ -458,7 +470,25 @@ def _first_failure(links: _Links, live: list[Classified], notes: list[str]) -> C
         survived = _survived_fallback(serious_roots, live)
         if survived is not None:
             return survived
-        return _best_root(serious_roots)
+        best = _best_root(serious_roots)
+        if best.rule.fallback and best.rule.evidence >= _END_EVIDENCE:
+            # only the end of a process is known (a fatal signal, an exit status): a line
+            # before it that reports a failure whose cause the log does not show says more
+            # (`terminate called after throwing an instance of 'sycl::_V1::exception'`, its
+            # `what():`, then `Aborted (core dumped)`)
+            orphan = next(
+                (
+                    h
+                    for h in live
+                    if h.line.line_no < best.line.line_no
+                    and links.kind_of[h.line.line_no] == "consequence"
+                    and links.cause_of.get(h.line.line_no) is None
+                ),
+                None,
+            )
+            if orphan is not None:
+                return orphan
+        return best
     if roots and has_consequence:
         return roots[0]
     if has_consequence:
@@ -658,6 +688,9 @@ def _outranks(h: Classified, roots: list[Classified]) -> bool:
     )
 
 
+#: fallback evidence of a process's end (a fatal signal 3, an exit status 4): a failure known
+#: only by it yields to an earlier line that reports a failure (see _first_failure)
+_END_EVIDENCE = 3
 #: identical copies of an unknown error line, from its process, that mark it as survived
 _SURVIVED_REPEATS = 5
 

@@ -442,7 +442,11 @@ class AnalysisEngine:
         res = self._resolve()
         ff = res.first_failure
         if ff is None or self._orphan_consequence(ff):
-            hit = self._last_resort() if ff is None else self._message_above(ff)
+            hit = (
+                self._last_resort()
+                if ff is None
+                else (self._message_above(ff) or self._error_before(ff))
+            )
             if hit is not None and self._counts(hit) and len(self._hits) < MAX_HITS:
                 self._hits.append(hit)
                 self._hits.sort(key=lambda h: h.line.line_no)
@@ -481,6 +485,19 @@ class AnalysisEngine:
         """The first failure is a consequence line whose cause no rule stated."""
         rule = self._c.ruleset.get(ff.rule)
         return rule is not None and rule.kind == "consequence"
+
+    def _error_before(self, ff: Finding) -> Classified | None:
+        """An error-level message no rule knew, written before an orphan consequence (the
+        last resort's first candidate above it): an NPU runtime's own report before torch_npu's
+        `ERR00100 PTA call acl api failed`, an embedder's error before vLLM's `EngineCore failed
+        to start.`. A data record (vLLM's `dump_input` block) and echoed source do not count."""
+        above = [(no, raw) for no, raw in self._error_lines.lines if no < ff.line_no]
+        hit = last_resort(
+            above, self._c.classifier, shutdown_line=self._shutdown_line, parse=self._parse
+        )
+        if hit is None or hit.rule.id != LAST_RESORT_RULE_ID or not is_message(hit.line):
+            return None
+        return hit
 
     def _message_above(self, ff: Finding) -> Classified | None:
         """The first line of the message an orphan message tail ends (``marks =

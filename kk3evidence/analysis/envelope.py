@@ -113,6 +113,12 @@ _CARET_ANSI_RE = re.compile(r"\^\[\[[0-9;?]*[ -/]*[@-~]")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 # Wrappers added by whatever collected the log (peeled first, in this order, repeatedly).
+# A sidecar or log relay that names its source, stamps the time and the stream:
+# "[VllmSidecar kooEr8Ccal1cqylW5f5cz]: 2024-11-13T03:15:08.672Z 1 stdout: CRITICAL …".
+_RELAY_RE = re.compile(
+    r"^\[[A-Za-z][\w.\-]{0,40}(?: [\w.\-]{1,40})?\]: "
+    r"(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z) (?:\d+ )?(?:stdout|stderr):? "
+)
 _K8S_ISO_RE = re.compile(
     r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
     r"(?:\s+(?:stdout|stderr)\s+[FP])?\s+"
@@ -971,6 +977,26 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
         note="a bracketed ISO timestamp",
     ),
     EnvelopeFormat(
+        name="relay",
+        layer="wrapper",
+        guard=Guard(first=frozenset("["), literal="]: ", within=(2, 90)),
+        regex=_RELAY_RE,
+        apply=_y_bracket_ts,
+        yields=("timestamp",),
+        samples=(
+            Sample(
+                line=(
+                    "[VllmSidecar kooEr8Ccal1cqylW5f5cz]: 2024-11-13T03:15:08.672Z 1 stdout: "
+                    "CRITICAL 11-12 19:15:08 launcher.py:99] MQLLMEngine is already dead, "
+                    "terminating server process"
+                ),
+                body="MQLLMEngine is already dead, terminating server process",
+                level="CRITICAL",
+            ),
+        ),
+        note="a sidecar or log relay: [source id]: ISO time, an optional number, the stream",
+    ),
+    EnvelopeFormat(
         name="syslog",
         layer="wrapper",
         guard=Guard(first=str.isupper),
@@ -1597,6 +1623,28 @@ def _first_match(acc: _Acc, table: _LayerTable, head: str, after: int = -1) -> i
     return -1
 
 
+#: an accelerator runtime's own level prefix inside a vLLM line (torch_npu's report relayed by
+#: a worker's logger: `(VllmWorker rank=10 pid=5568) ERROR 07-30 10:15:05 [multiproc_executor.py:
+#: 487] [ERROR] 2025-07-30-10:15:05 (PID:5568, Device:10, RankID:-1) ERR01100 OPS call acl api
+#: failed`)
+_NESTED_LEVELS = ("[ERROR] ", "[WARNING] ")
+
+
+def _nested_runtime_level(acc: _Acc) -> None:
+    """Peel torch_npu's or CANN's prefix after the outer level (whose level is kept)."""
+    m = _TORCH_NPU_RE.match(acc.rest)
+    apply: Yield = _y_torch_npu
+    if m is None:
+        m, apply = _CANN_RE.match(acc.rest), _y_cann
+    if m is None:
+        return
+    level, ts, source = acc.level, acc.timestamp, acc.source
+    acc.rest = acc.rest[m.end() :]
+    apply(m, acc)
+    acc.level, acc.timestamp = level, ts
+    acc.source = acc.source or source
+
+
 def parse_line(line_no: int, raw: bytes | str) -> LogLine:
     """Parse one raw line into its envelope (the formats of :data:`FORMATS`). Never raises."""
     text = decode_line(raw)
@@ -1615,6 +1663,8 @@ def parse_line(line_no: int, raw: bytes | str) -> LogLine:
         if done < 0:
             break
     _first_match(acc, tables.level, acc.rest.lstrip()[:1])  # one level prefix
+    if acc.level is not None and acc.rest.startswith(_NESTED_LEVELS):
+        _nested_runtime_level(acc)
     rest = acc.rest
     if rest.endswith("across cluster]"):
         rest = _RAY_REPEAT_RE.sub("", rest)

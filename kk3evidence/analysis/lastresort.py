@@ -103,6 +103,11 @@ _LEVEL_TEXT = re.compile(
     )""",
     re.X,
 )
+_SOURCE_STARTS = ("raise ", "return ", "Dumping ")
+_CODE_ENDS = ("(", "[", "{", ",", "\\")  # a source line that goes on (`x = self.rpc(`)
+_FRAME_TEXT = re.compile(r'File "[^"\n]+", line \d+')
+# a repr of an object with fields (a data record, not a message): `SchedulerStats(num_running=`
+_DATA_RECORD = re.compile(r"\b[A-Z][A-Za-z0-9_]*\([a-z_][a-z0-9_]*=")
 _EMPTY_RECORD_END = (b"ERROR", b"CRITICAL", b"FATAL", b"[ERROR]")
 _GLOG_FIRST = re.compile(rb"[EF]\d{3,8}\s")  # a glog error as the log's first line (no "\n")
 _ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
@@ -234,11 +239,17 @@ def _message_above(line: LogLine) -> LogLine | None:
 
 def is_message(line: LogLine) -> bool:
     """The line's body says something of its own: words, not a traceback's header, frame,
-    source or caret line, not the indented or data-only continuation of a record."""
+    source or caret line (echoed source such as `raise RuntimeError(`, a frame behind a broken
+    envelope), not the indented or data-only continuation of a record, not a data record
+    (`SchedulerStats(num_running_reqs=0, …)`, vLLM's `Dumping scheduler stats: …`)."""
     body = line.body
     if not body.strip() or body.startswith(_TRACEBACK_BODY) or line.tb_role == "frame":
         return False
-    return not (_continuation(body) or is_filler(body))
+    if _continuation(body) or is_filler(body) or body.startswith(_SOURCE_STARTS):
+        return False
+    if body.rstrip().endswith(_CODE_ENDS) or _FRAME_TEXT.search(body[:512]) is not None:
+        return False
+    return _DATA_RECORD.search(body[:160]) is None
 
 
 def continued_record(
