@@ -213,6 +213,20 @@ _RAY_REPEAT_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 # mpirun --tag-output "[1,0]<stderr>:" and srun --label "0: " in front of a vLLM line.
 _MPI_TAG_RE = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:\s?")
 _SRUN_LABEL_RE = re.compile(r"^\d{1,4}: (?=\(|\[|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )")
+# What a vLLM line starts with: a process tag, vLLM's level and date, torchrun's rank tag. A
+# label in front of one is a wrapper's (a host, a pod and container, a worker name).
+_VLLM_AHEAD = (
+    r"(?=\(" + _TAG_NAME + r"(?:\s+[\w\-=]+){0,3}\s+pid=\d"
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d{2}-\d{2}\s|\[[Rr]ank\d+\]:)"
+)
+# pdsh / clush / parallel-ssh "host: …", stern "pod container …", "[Worker 0] …"
+_HOST_LABEL_RE = re.compile(
+    r"^(?!\w*(?:Error|Exception|Warning|Exit):)[A-Za-z0-9][\w.\-]{0,62}: " + _VLLM_AHEAD
+)
+_STERN_RE = re.compile(r"^[a-z0-9][\w.\-]{0,62} [a-z0-9][\w.\-]{0,62} " + _VLLM_AHEAD)
+_BRACKET_LABEL_RE = re.compile(r"^\[[A-Za-z][\w .:/\-]{0,60}\] " + _VLLM_AHEAD)
+# Go's log package and nginx: "2009/11/10 23:00:00 msg"
+_SLASH_TS_RE = re.compile(r"^(?P<ts>\d{4}/\d{2}/\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)\s+")
 _NAME_RANK_RE = re.compile(r"(?:rank=|_TP|\bTP|[Rr]ank)(\d+)(?!.*(?:rank=|TP)\d)|-(\d+)$")
 _VLLM_LEVEL_RE = re.compile(
     r"^\s*(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
@@ -291,6 +305,13 @@ _TS_LEVEL_RE = re.compile(
     r"^\s*(?:-\s+|[A-Za-z_]\w*(?:\.\w+)+\s+(?:\d+\s+)?)?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?:\s+-\s|\s+)(?!\d)"
     r"(?:(?P<src>[A-Za-z0-9_.\-/]+\.py:\d+) -- |\[(?P<src2>[A-Za-z0-9_.\-/]+:\d+)\]\s"
     r"|\[address=[^\]\s]{1,80}, pid=(?P<pid>\d+)\]\s)?"
+)
+# Python logging's "%(levelname)s %(asctime)s %(message)s" (the level first, then a full date):
+# "ERROR 2025-01-01 00:00:00,123 worker.py:12 -- msg"
+_LEVEL_ISO_RE = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
+    r"(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)\s+"
+    r"(?:(?P<src>[A-Za-z0-9_.\-/]+\.py:\d+)(?: -- |\] ?|: ))?"
 )
 _GLOG_LEVELS = {
     "I": "INFO",
@@ -604,6 +625,13 @@ def _y_ray_core(m: re.Match[str], acc: _Acc) -> None:
     acc.timestamp = m.group("ts")
     acc.source = m.group("src")
     acc.pid = int(m.group("pid"))
+
+
+def _y_level_iso(m: re.Match[str], acc: _Acc) -> None:
+    acc.level = normalize_level(m.group("level"))
+    acc.timestamp = m.group("ts")
+    if m.group("src"):
+        acc.source = m.group("src")
 
 
 def _y_ts_level(m: re.Match[str], acc: _Acc) -> None:
@@ -927,6 +955,76 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note="vLLM-Omni's stage tag (multi-stage pipelines)",
+    ),
+    EnvelopeFormat(
+        name="host_label",
+        layer="wrapper",
+        guard=Guard(first=frozenset(string.ascii_letters + string.digits), literal=": "),
+        regex=_HOST_LABEL_RE,
+        apply=_y_nothing,
+        yields=(),
+        samples=(
+            Sample(
+                line="worker-0: (EngineCore pid=1) ERROR 01-01 00:00:00 [x.py:1] boom",
+                body="boom",
+                process="EngineCore pid=1",
+                level="ERROR",
+            ),
+            Sample(
+                line="10.0.0.1: ERROR 05-10 12:00:00 [core.py:1] RuntimeError: boom",
+                body="RuntimeError: boom",
+                level="ERROR",
+            ),
+        ),
+        note="pdsh / clush / parallel-ssh's 'host: ' in front of a vLLM line",
+    ),
+    EnvelopeFormat(
+        name="stern",
+        layer="wrapper",
+        guard=Guard(first=frozenset(string.ascii_lowercase + string.digits), literal=" "),
+        regex=_STERN_RE,
+        apply=_y_nothing,
+        yields=(),
+        samples=(
+            Sample(
+                line="vllm-0 vllm ERROR 05-10 12:00:00 [core.py:1] RuntimeError: boom",
+                body="RuntimeError: boom",
+                level="ERROR",
+            ),
+        ),
+        note="stern's (and kubetail's) 'pod container ' in front of a vLLM line",
+    ),
+    EnvelopeFormat(
+        name="bracket_label",
+        layer="wrapper",
+        guard=Guard(first=frozenset("["), second=str.isalpha, literal="] "),
+        regex=_BRACKET_LABEL_RE,
+        apply=_y_nothing,
+        yields=(),
+        samples=(
+            Sample(
+                line="[Worker 0] ERROR 05-10 12:00:00 [core.py:1] RuntimeError: boom",
+                body="RuntimeError: boom",
+                level="ERROR",
+            ),
+        ),
+        note="a bracketed label in front of a vLLM line ('[Worker 0] ', a launcher's name)",
+    ),
+    EnvelopeFormat(
+        name="slash_ts",
+        layer="wrapper",
+        guard=Guard(first=str.isdigit, literal="/", within=(4, 5)),
+        regex=_SLASH_TS_RE,
+        apply=_y_bracket_ts,
+        yields=("timestamp",),
+        samples=(
+            Sample(
+                line="2024/01/01 00:00:00 ERROR 05-10 12:00:00 [core.py:1] RuntimeError: boom",
+                body="RuntimeError: boom",
+                level="ERROR",
+            ),
+        ),
+        note="Go's log package and nginx: a date with slashes and a time",
     ),
     EnvelopeFormat(
         name="colon_ts",
@@ -1482,6 +1580,22 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
             ),
         ),
         note="Python logging's 'asctime - name - LEVEL - msg' (after the timestamp wrapper)",
+    ),
+    EnvelopeFormat(
+        name="level_iso",
+        layer="level",
+        guard=Guard(first=_LEVEL_INITIALS, literal="-", within=(8, 15)),
+        regex=_LEVEL_ISO_RE,
+        apply=_y_level_iso,
+        yields=("level", "timestamp", "source_file"),
+        samples=(
+            Sample(
+                line="ERROR 2025-01-01 00:00:00,123 worker.py:409 -- Unhandled error",
+                body="Unhandled error",
+                level="ERROR",
+            ),
+        ),
+        note="Python logging with the level first, then a full date and time",
     ),
     EnvelopeFormat(
         name="ts_level",

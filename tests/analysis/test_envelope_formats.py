@@ -23,6 +23,12 @@ KNOWN_OVERLAPS = {
     # "2025-03-24 22:04:27 | ERROR | stderr | …" also starts with an ISO timestamp: the pipe
     # format comes first in the wrapper layer, so its level and logger name are peeled too.
     ("k8s_iso", "pipe_log"),
+    # "3: (EngineCore pid=1) …" is also a host label, "[pod/x/c] …" and "[Stage-0] …" also a
+    # bracketed label: srun's, kubectl's and vLLM-Omni's formats come first and keep their
+    # names.
+    ("host_label", "srun_label"),
+    ("bracket_label", "kubectl"),
+    ("bracket_label", "omni_stage"),
 }
 
 SAMPLES = [(f, s) for f in FORMATS for s in f.samples]
