@@ -1600,7 +1600,8 @@ FORMATS: tuple[EnvelopeFormat, ...] = (
     EnvelopeFormat(
         name="ts_level",
         layer="level",
-        guard=Guard(first=frozenset(string.ascii_letters + "_- \t")),
+        # (a level's initial, a dotted logger name's lower-case start, a dash)
+        guard=Guard(first=frozenset("DIWECF-_" + string.ascii_lowercase)),
         regex=_TS_LEVEL_RE,
         apply=_y_ts_level,
         yields=("level", "source_file", "pid"),
