@@ -36,3 +36,24 @@ def test_words_of_unknown_failures_name_hang_cuda_init_and_compile() -> None:
     for line, category in cases.items():
         ff = _first(line + "\n")
         assert ff is not None and ff.category == category, (line, ff)
+
+
+def test_a_cuda_invalid_argument_is_no_nccl_failure_by_the_rule_sets_words() -> None:
+    # b24-vllm12873 / b22-xinference1220: NCCL005's anchor no longer stands for every
+    # "invalid argument"
+    ff = _first("RuntimeError: CUDA driver error: invalid argument\n")
+    assert ff is not None and ff.category != "nccl"
+    ff = _first(
+        "RuntimeError: NCCL error: invalid argument (run with NCCL_DEBUG=WARN for details)\n"
+    )
+    assert ff is not None and (ff.rule, ff.category) == ("NCCL005", "nccl")
+
+
+def test_a_model_without_pipeline_parallel_support_is_a_config_failure() -> None:
+    # b24-vllm7474
+    ff = _first(
+        "(VllmWorkerProcess pid=138) ERROR 08-13 15:22:52 multiproc_worker_utils.py:226] "
+        "AttributeError: 'MixtralForCausalLM' object has no attribute "
+        "'make_empty_intermediate_tensors'\n"
+    )
+    assert ff is not None and ff.category == "config"
