@@ -74,6 +74,9 @@ _BLOCK_REGEX: dict[str, str] = {
     # An exception that is an error (no warnings, exits or interrupts): bare-line fallbacks.
     # Python's base class itself counts (`Exception: Capture cuda graph failed: …`); a bare
     # `Error: …` does not (CLIs and wrappers print it for messages of every level).
+    # a dotted exception class whose name has no Error/Exception suffix, as the last line of a
+    # traceback prints it (`anyio.WouldBlock`, `trio.Cancelled`): only with scope "exception"
+    "pyclass": r"(?:[a-z_][A-Za-z0-9_]*\.)+[A-Z][A-Za-z0-9_]*(?=$|: )",
     "pyerr": (
         r"(?:[A-Za-z_][A-Za-z0-9_]*\.)*"
         r"(?:[A-Za-z_][A-Za-z0-9_]*(?:Error|Exception|Failure|Fault)|Exception)(?![A-Za-z0-9_])"

@@ -57,3 +57,17 @@ def test_a_model_without_pipeline_parallel_support_is_a_config_failure() -> None
         "'make_empty_intermediate_tensors'\n"
     )
     assert ff is not None and ff.category == "config"
+
+
+def test_a_dotted_exception_class_without_error_suffix_ends_a_traceback() -> None:
+    # b24-vllm7987: anyio's WouldBlock is the first exception of the ASGI chain
+    ff = _first(
+        "Exception in ASGI application\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/anyio/streams/memory.py", line 81, in receive\n'
+        "    return self.receive_nowait()\n"
+        "anyio.WouldBlock\n"
+    )
+    assert ff is not None and (ff.line_no, ff.rule) == (5, "EXC001")
+    # outside a traceback the same words are no exception line
+    assert _first("see anyio.WouldBlock in the docs\n") is None
