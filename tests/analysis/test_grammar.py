@@ -40,6 +40,10 @@ BLOCK_CASES = {
         ["ValueError", "torch.OutOfMemoryError", "pkg.mod.MyException", "NcclFailure"],
         ["UserWarning", "KeyboardInterrupt", "SystemExit", "StopIteration"],
     ),
+    "pyclass": (
+        ["anyio.WouldBlock", "trio.Cancelled", "a.b.C"],
+        ["StopIteration", "WouldBlock", "anyio.wouldblock", "torch.cuda"],
+    ),
 }
 
 
