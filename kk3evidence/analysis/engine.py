@@ -54,6 +54,7 @@ from kk3evidence.analysis.lastresort import (
     interleaved_dump,
     is_message,
     last_resort,
+    line_above,
 )
 from kk3evidence.analysis.prefilter import Prefilter
 from kk3evidence.analysis.rules import Rule, RuleSet, StageHints, load_rules, load_stage_hints
@@ -900,8 +901,7 @@ class AnalysisEngine:
         """Keep the raw line above a message tail (``marks = "message_tail"``): the first line
         of its message, the answer when no rule states a cause (:meth:`_message_above`)."""
         if s > self._lo:
-            b = max(self._lo, block.rfind(b"\n", self._lo, s - 1) + 1)
-            self._above_tail[line_no] = bytes(block[b : min(s - 1, b + _MAX_ABOVE)])
+            self._above_tail[line_no] = line_above(block, self._lo, s, _MAX_ABOVE)
             return
         for no, raw in reversed(self._tail):  # the block starts with the tail: the last block's
             if no == line_no - 1:

@@ -283,7 +283,15 @@ _XLA_LOG_RE = re.compile(
     r"^(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d+): (?P<level>[IWEF]) "
     r"(?P<src>[A-Za-z0-9_.\-/]+:\d+)\]\s?"
 )
-_XLA_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+# glog-style level letters (XLA, bare glog, Ray's C++ log)
+_GLOG_LEVELS = {
+    "I": "INFO",
+    "W": "WARNING",
+    "E": "ERROR",
+    "F": "CRITICAL",
+    "D": "DEBUG",
+    "C": "CRITICAL",
+}
 # glog's own format without PyTorch's brackets (Triton, TensorFlow/XLA since 2.16, gRPC, abseil):
 # "E1115 02:58:51.162611 1 backend_model.cc:634] msg"; abseil before its clock is set writes
 # "E0000 00:00:1736201234.123456  12345 cuda_dnn.cc:8310] msg".
@@ -313,14 +321,6 @@ _LEVEL_ISO_RE = re.compile(
     r"(?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)\s+"
     r"(?:(?P<src>[A-Za-z0-9_.\-/]+\.py:\d+)(?: -- |\] ?|: ))?"
 )
-_GLOG_LEVELS = {
-    "I": "INFO",
-    "W": "WARNING",
-    "E": "ERROR",
-    "F": "CRITICAL",
-    "D": "DEBUG",
-    "C": "CRITICAL",
-}
 _UVICORN_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _PYLOG_RE = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?P<name>[\w.]+):")
 # Python logging's "%(asctime)s - %(name)s - %(levelname)s - %(message)s" (vllm-ascend and
@@ -608,7 +608,7 @@ def _y_hip(m: re.Match[str], acc: _Acc) -> None:
 
 
 def _y_xla(m: re.Match[str], acc: _Acc) -> None:
-    acc.level = _XLA_LEVELS[m.group("level")]
+    acc.level = _GLOG_LEVELS[m.group("level")]
     acc.timestamp = m.group("ts")
     acc.source = m.group("src")
 

@@ -39,6 +39,7 @@ __all__ = [
     "is_error_level",
     "is_message",
     "last_resort",
+    "line_above",
 ]
 
 RULE_ID = "EXC010"
@@ -145,6 +146,13 @@ def is_error_level(line: LogLine) -> bool:
     )
 
 
+def line_above(block: bytes, lo: int, s: int, limit: int) -> bytes:
+    """The raw line (at most ``limit`` bytes) that ends right before ``block[s]``, the start of
+    a line after ``lo`` (``s > lo``): what the last resort and the message-tail look-back read."""
+    b = max(lo, block.rfind(b"\n", lo, s - 1) + 1)
+    return bytes(block[b : min(s - 1, b + limit)])
+
+
 class ErrorLineCollector:
     """The first :data:`MAX_LINES` lines holding an error-level token, as ``(line_no, raw)``."""
 
@@ -191,8 +199,7 @@ class ErrorLineCollector:
                 raw = bytes(block[s : min(e, s + _MAX_KEPT)])
                 self.lines.append((line_no + 1, raw))
                 if s > lo and raw.rstrip(b" \t\r-:|").endswith(_EMPTY_RECORD_END):
-                    p = max(lo, block.rfind(b"\n", lo, s - 1) + 1)
-                    self.above[line_no + 1] = bytes(block[p : min(s - 1, p + _MAX_KEPT)])
+                    self.above[line_no + 1] = line_above(block, lo, s, _MAX_KEPT)
                 taken = e
                 if len(self.lines) >= MAX_LINES:
                     return
@@ -216,7 +223,7 @@ def last_resort(
     for line in _before_stop(lines, shutdown_line, parse):
         body = line.body
         if not body.strip() and above and line.line_no in above and is_error_level(line):
-            message = _message_above(parse(line.line_no - 1, above[line.line_no]))
+            message = _plain_message(parse(line.line_no - 1, above[line.line_no]))
             if message is not None:
                 return Classified(rule=rule, line=message)
         if not body.strip() or body.startswith(_TRACEBACK_BODY) or _continuation(body):
@@ -232,7 +239,7 @@ def last_resort(
     return None
 
 
-def _message_above(line: LogLine) -> LogLine | None:
+def _plain_message(line: LogLine) -> LogLine | None:
     """``line`` when it is a plain message: no envelope level, words, not a traceback's."""
     return line if line.level is None and is_message(line) else None
 
